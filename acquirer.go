@@ -1,0 +1,372 @@
+package backlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// acquirerStore is the one thing the Acquirer needs from the database.
+type acquirerStore interface {
+	// claim takes up to k due jobs for the domain under fresh leases. When
+	// it took fewer than k it also returns the time until the domain's next
+	// scheduled job is due (next >= 0), or next < 0 when there is none.
+	claim(ctx context.Context, d *domainSpec, k int) (jobs []*Job, next time.Duration, err error)
+	// release gives back jobs that were claimed but that no acquiree took.
+	release(jobs []*Job)
+}
+
+// posting announces that jobs of a type and tags became available, now or
+// after In.
+type posting struct {
+	Type string            `json:"type"`
+	Tags map[string]string `json:"tags,omitempty"`
+	In   int64             `json:"in,omitempty"` // milliseconds until due; 0: due now
+}
+
+// acquirer hands claimed jobs to workers ("acquirees").
+//
+// Acquirees that want the same job types with the same worker tags form a
+// domain. At most one claim query per domain is in flight at any time (the
+// domain's claim goroutine holds the clearance); it asks for k jobs, k being
+// the number of the domain's acquirees waiting when it starts, and hands
+// them out first come, first served. At low load a claim takes one job with
+// no added delay; under load, acquirees that come back while a claim is in
+// flight are served together by the next one, so claims batch by
+// themselves.
+//
+// A claim that returns fewer jobs than asked parks the domain: no query runs
+// for it until a matching posting arrives (post), its jittered backup poll
+// fires, or a timer armed for the earliest future run_at it could take
+// fires. A posting that lands while a claim is in flight sets pending, and
+// the domain queries again right after, so a job committed just after the
+// claim's snapshot is never left to the backup poll. A domain with no
+// acquiree is deleted: its timers are stopped and its goroutines awaited.
+type acquirer struct {
+	store        acquirerStore
+	log          *slog.Logger
+	pollInterval time.Duration
+	pollJitter   time.Duration
+
+	ctx    context.Context // claims run under it, not under an acquiree's context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // claim goroutines and timer callbacks
+
+	mu      sync.Mutex
+	domains map[string]*domain
+	closed  bool
+}
+
+type domain struct {
+	spec     *domainSpec
+	waiters  []*acquiree // FIFO
+	querying bool        // a claim goroutine runs for this domain
+	pending  bool        // woken while querying: query again
+	parked   bool        // the last claim came back short: wait for a wake
+	poll     *acqTimer   // backup poll, armed while parked
+	due      *acqTimer   // run_at timer
+	dueAt    time.Time
+	retry    *acqTimer // after a failed claim
+	errs     backoff.BackOff
+}
+
+type acquiree struct {
+	ch chan acquired // buffer of 1: the hand-out never blocks under a.mu
+}
+
+type acquired struct {
+	job *Job
+	err error
+}
+
+type acqTimer struct{ t *time.Timer }
+
+func newAcquirer(store acquirerStore, log *slog.Logger, pollInterval, pollJitter time.Duration) *acquirer {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &acquirer{store: store, log: log, pollInterval: pollInterval, pollJitter: pollJitter,
+		ctx: ctx, cancel: cancel, domains: map[string]*domain{}}
+}
+
+// acquire blocks until it is handed a job of the domain, ctx is done, or
+// the acquirer is closed.
+func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*Job, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	w := &acquiree{ch: make(chan acquired, 1)}
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil, ErrClosed
+	}
+	d := a.domains[spec.key]
+	if d == nil {
+		b := backoff.NewExponentialBackOff()
+		b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 100*time.Millisecond, 5*time.Second, 0
+		d = &domain{spec: spec, errs: b}
+		a.domains[spec.key] = d
+	}
+	d.waiters = append(d.waiters, w)
+	a.maybeClaimLocked(d)
+	a.mu.Unlock()
+
+	select {
+	case r := <-w.ch:
+		return r.job, r.err
+	case <-ctx.Done():
+	}
+	a.mu.Lock()
+	if d.removeLocked(w) {
+		a.gcLocked(d)
+		a.mu.Unlock()
+		return nil, ctx.Err()
+	}
+	a.mu.Unlock()
+	// Handed a job at the moment ctx ended: it is in the buffer already.
+	if r := <-w.ch; r.job != nil {
+		a.store.release([]*Job{r.job})
+	}
+	return nil, ctx.Err()
+}
+
+func (d *domain) removeLocked(w *acquiree) bool {
+	for i, x := range d.waiters {
+		if x == w {
+			d.waiters = append(d.waiters[:i:i], d.waiters[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// maybeClaimLocked starts the domain's claim goroutine when it has waiters
+// and nothing holds it back.
+func (a *acquirer) maybeClaimLocked(d *domain) {
+	if a.closed || d.querying || d.parked || d.retry != nil || len(d.waiters) == 0 {
+		return
+	}
+	d.querying = true
+	a.wg.Add(1)
+	go a.claimLoop(d)
+}
+
+// claimLoop is the domain's clearance: the only code that queries for it.
+func (a *acquirer) claimLoop(d *domain) {
+	defer a.wg.Done()
+	for {
+		a.mu.Lock()
+		k := len(d.waiters)
+		if k == 0 || a.closed {
+			d.querying = false
+			a.gcLocked(d)
+			a.mu.Unlock()
+			return
+		}
+		d.pending = false
+		a.mu.Unlock()
+
+		jobs, next, err := a.store.claim(a.ctx, d.spec, k)
+		if err == nil && len(jobs) > k {
+			// Broken invariant: keep what was asked for, give the rest back.
+			a.log.Error("backlog: claim returned more jobs than asked; releasing the extra",
+				"asked", k, "got", len(jobs), "types", d.spec.types)
+			a.store.release(jobs[k:])
+			jobs = jobs[:k]
+		}
+
+		a.mu.Lock()
+		n := min(len(jobs), len(d.waiters))
+		for i := range n {
+			d.waiters[i].ch <- acquired{job: jobs[i]}
+		}
+		d.waiters = append([]*acquiree(nil), d.waiters[n:]...)
+		surplus := jobs[n:] // acquirees that left during the claim
+
+		switch {
+		case err != nil:
+			d.querying = false
+			if a.closed || a.ctx.Err() != nil {
+				a.gcLocked(d)
+				a.mu.Unlock()
+				a.store.release(surplus)
+				return
+			}
+			wait := d.errs.NextBackOff()
+			a.log.Warn("backlog: claiming jobs failed; retrying", "types", d.spec.types, "in", wait, "err", err)
+			d.retry = a.afterFuncLocked(wait, func(t *acqTimer) {
+				if d.retry == t {
+					d.retry = nil
+					a.maybeClaimLocked(d)
+				}
+			})
+			a.gcLocked(d)
+			a.mu.Unlock()
+			a.store.release(surplus)
+			return
+		case len(jobs) == k || d.pending:
+			// A full batch (there may be more), or woken meanwhile: go again.
+			d.errs.Reset()
+			a.mu.Unlock()
+			a.store.release(surplus)
+			continue
+		default:
+			d.errs.Reset()
+			d.querying = false
+			d.parked = true
+			a.armPollLocked(d)
+			if next >= 0 {
+				a.armDueLocked(d, next)
+			}
+			a.gcLocked(d)
+			a.mu.Unlock()
+			a.store.release(surplus)
+			return
+		}
+	}
+}
+
+// wakeLocked makes a parked domain query again.
+func (a *acquirer) wakeLocked(d *domain) {
+	if d.querying {
+		d.pending = true
+		return
+	}
+	d.parked = false
+	a.stopTimer(&d.poll)
+	a.stopTimer(&d.due)
+	a.stopTimer(&d.retry)
+	a.maybeClaimLocked(d)
+}
+
+func (a *acquirer) armPollLocked(d *domain) {
+	a.stopTimer(&d.poll)
+	wait := a.pollInterval
+	if a.pollJitter > 0 {
+		wait += rand.N(a.pollJitter)
+	}
+	d.poll = a.afterFuncLocked(wait, func(t *acqTimer) {
+		if d.poll == t {
+			d.poll = nil
+			a.wakeLocked(d)
+		}
+	})
+}
+
+// armDueLocked makes the domain query in `in`, unless a timer fires sooner.
+func (a *acquirer) armDueLocked(d *domain, in time.Duration) {
+	at := time.Now().Add(in)
+	if d.due != nil && !d.dueAt.After(at) {
+		return
+	}
+	a.stopTimer(&d.due)
+	d.dueAt = at
+	d.due = a.afterFuncLocked(in, func(t *acqTimer) {
+		if d.due == t {
+			d.due = nil
+			a.wakeLocked(d)
+		}
+	})
+}
+
+// gcLocked deletes a domain nobody waits in, stopping its timers. Its
+// parked state goes with it: the next acquiree to arrive queries at once.
+func (a *acquirer) gcLocked(d *domain) {
+	if len(d.waiters) > 0 || d.querying {
+		return
+	}
+	a.stopTimer(&d.poll)
+	a.stopTimer(&d.due)
+	a.stopTimer(&d.retry)
+	if a.domains[d.spec.key] == d {
+		delete(a.domains, d.spec.key)
+	}
+}
+
+// afterFuncLocked runs f under a.mu after wait. The callback is counted in
+// a.wg until it has run or stopTimer stopped it, so close awaits it.
+func (a *acquirer) afterFuncLocked(wait time.Duration, f func(t *acqTimer)) *acqTimer {
+	t := &acqTimer{}
+	a.wg.Add(1)
+	t.t = time.AfterFunc(wait, func() {
+		defer a.wg.Done()
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if !a.closed {
+			f(t)
+		}
+	})
+	return t
+}
+
+func (a *acquirer) stopTimer(p **acqTimer) {
+	if *p != nil && (*p).t.Stop() {
+		a.wg.Done()
+	}
+	*p = nil
+}
+
+// post wakes every domain the posting matches (same rule as the claim's
+// SQL), or arms their run_at timers when the jobs are due later.
+func (a *acquirer) post(p posting) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, d := range a.domains {
+		if !d.spec.matches(p.Type, p.Tags) {
+			continue
+		}
+		if p.In > 0 {
+			a.armDueLocked(d, time.Duration(p.In)*time.Millisecond)
+		} else {
+			a.wakeLocked(d)
+		}
+	}
+}
+
+// wakeAll wakes every domain: after the listener (re)connects, postings may
+// have been lost.
+func (a *acquirer) wakeAll() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, d := range a.domains {
+		a.wakeLocked(d)
+	}
+}
+
+// close fails every waiting acquire with ErrClosed, stops all timers and
+// waits for the claim goroutines and timer callbacks to finish. Idempotent.
+func (a *acquirer) close() {
+	a.mu.Lock()
+	if !a.closed {
+		a.closed = true
+		for _, d := range a.domains {
+			for _, w := range d.waiters {
+				w.ch <- acquired{err: ErrClosed}
+			}
+			d.waiters = nil
+			a.stopTimer(&d.poll)
+			a.stopTimer(&d.due)
+			a.stopTimer(&d.retry)
+		}
+	}
+	a.mu.Unlock()
+	a.cancel()
+	a.wg.Wait()
+}
+
+// checkIdle returns an error describing any domain state that should not
+// exist when no acquiree waits. Tests call it; it documents the invariants.
+func (a *acquirer) checkIdle() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var errs []error
+	for k, d := range a.domains {
+		errs = append(errs, fmt.Errorf("domain %q still present (waiters %d, querying %v)", k, len(d.waiters), d.querying))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,131 @@
+package backlog
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/google/uuid"
+
+	"github.com/backlogq/backlog/internal/store"
+)
+
+// maxFinishBatch bounds one finish statement.
+const maxFinishBatch = 2000
+
+// completer writes job outcomes. One goroutine writes everything that queued
+// up while its previous write was in flight, in one statement: group commit
+// with no fixed delay. Each write is fenced by lease token (store.Finish).
+type completer struct {
+	store  *store.Store
+	leases *leases
+	log    *slog.Logger
+	post   func([]posting) // announces jobs made available again
+	giveUp time.Duration   // stop retrying a failed write after this long
+
+	mu      sync.Mutex
+	queue   []finishReq
+	wake    chan struct{} // buffer of 1: submit never blocks
+	stopped bool
+}
+
+type finishReq struct {
+	f    store.Finish
+	job  *Job
+	done func(written bool) // called once the write landed or was refused
+}
+
+func newCompleter(st *store.Store, ls *leases, log *slog.Logger, post func([]posting), giveUp time.Duration) *completer {
+	return &completer{store: st, leases: ls, log: log, post: post, giveUp: giveUp, wake: make(chan struct{}, 1)}
+}
+
+// submit queues an outcome. It never blocks.
+func (c *completer) submit(r finishReq) {
+	c.mu.Lock()
+	c.queue = append(c.queue, r)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run writes outcomes until ctx ends, then writes what is left and returns.
+func (c *completer) run(ctx context.Context) {
+	for {
+		select {
+		case <-c.wake:
+			c.flush(ctx)
+		case <-ctx.Done():
+			c.flush(context.WithoutCancel(ctx))
+			return
+		}
+	}
+}
+
+// flush writes every queued outcome, in batches of at most maxFinishBatch.
+func (c *completer) flush(ctx context.Context) {
+	for {
+		c.mu.Lock()
+		n := min(len(c.queue), maxFinishBatch)
+		batch := c.queue[:n:n]
+		c.queue = c.queue[n:]
+		if len(c.queue) == 0 {
+			c.queue = nil
+		}
+		c.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		c.write(ctx, batch)
+	}
+}
+
+func (c *completer) write(ctx context.Context, batch []finishReq) {
+	fs := make([]store.Finish, len(batch))
+	var again []posting
+	for i, r := range batch {
+		fs[i] = r.f
+		if r.f.State == string(StateAvailable) {
+			again = append(again, posting{Type: r.job.Type, Tags: r.job.Tags, In: max(r.f.Delay.Milliseconds(), 0)})
+		}
+	}
+	payloads := encodePostings(again)
+
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, c.giveUp
+	var written map[uuid.UUID]bool
+	err := backoff.Retry(func() error {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		ok, err := c.store.Finish(wctx, fs, payloads)
+		if err != nil {
+			if ctx.Err() != nil {
+				return backoff.Permanent(err)
+			}
+			c.log.Warn("backlog: recording job outcomes failed; retrying", "jobs", len(fs), "err", err)
+			return err
+		}
+		written = ok
+		return nil
+	}, backoff.WithContext(b, ctx))
+	if err != nil {
+		// The leases expire and the sweep makes these jobs available again.
+		c.log.Error("backlog: giving up recording job outcomes; their leases will expire", "jobs", len(fs), "err", err)
+	}
+	for _, r := range batch {
+		ok := written[r.f.ID]
+		if !ok && err == nil {
+			c.log.Warn("backlog: outcome refused: lease lost", "job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
+		}
+		c.leases.remove(r.f.ID)
+		if r.done != nil {
+			r.done(ok)
+		}
+	}
+	if err == nil && len(again) > 0 && c.post != nil {
+		c.post(again)
+	}
+}

@@ -1,0 +1,129 @@
+package backlog
+
+import (
+	"encoding/json"
+	"sort"
+	"strings"
+	"unicode/utf8"
+)
+
+// A domain is the set of workers that want the same job types with the same
+// worker tags. They share one claim query at a time (see Acquirer).
+type domainSpec struct {
+	key   string            // canonical: see domainKey
+	types []string          // sorted, distinct
+	tags  map[string]string // worker tags
+	tagsJ json.RawMessage   // tags as a JSON object, for the claim
+}
+
+// newDomainSpec validates and canonicalises types and tags.
+func newDomainSpec(types []string, tags map[string]string) (*domainSpec, error) {
+	if len(types) == 0 {
+		return nil, invalid("types", "a Work call needs at least one job type (register handlers on a Mux or pass backlog.Types)")
+	}
+	ts := append([]string(nil), types...)
+	sort.Strings(ts)
+	out := ts[:0]
+	for i, t := range ts {
+		if err := validateType(t); err != nil {
+			return nil, err
+		}
+		if i == 0 || t != ts[i-1] {
+			out = append(out, t)
+		}
+	}
+	if err := validateTags("worker tags", tags); err != nil {
+		return nil, err
+	}
+	tg := make(map[string]string, len(tags))
+	for k, v := range tags {
+		tg[k] = v
+	}
+	tj, err := json.Marshal(tg)
+	if err != nil {
+		return nil, invalid("worker tags", "%v", err)
+	}
+	return &domainSpec{key: domainKey(out, tg), types: out, tags: tg, tagsJ: tj}, nil
+}
+
+// domainKey is the canonical key of (types, tags): sorted types, then sorted
+// key=value tags, every item NUL-terminated, with a NUL between the two
+// lists. Types and tags never contain NUL, so distinct domains never share
+// a key.
+func domainKey(sortedTypes []string, tags map[string]string) string {
+	var b strings.Builder
+	for _, t := range sortedTypes {
+		b.WriteString(t)
+		b.WriteByte(0)
+	}
+	b.WriteByte(0)
+	keys := make([]string, 0, len(tags))
+	for k := range tags {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(tags[k])
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
+// matches reports whether a job of this type and tags can run in the
+// domain: the same rule as the claim's SQL (type = ANY(types) AND
+// job.tags <@ worker.tags).
+func (d *domainSpec) matches(typ string, tags map[string]string) bool {
+	i := sort.SearchStrings(d.types, typ)
+	if i == len(d.types) || d.types[i] != typ {
+		return false
+	}
+	return tagsSubset(tags, d.tags)
+}
+
+// tagsSubset reports whether every tag of job is in worker with the same
+// value (jsonb containment of two string→string objects).
+func tagsSubset(job, worker map[string]string) bool {
+	for k, v := range job {
+		if wv, ok := worker[k]; !ok || wv != v {
+			return false
+		}
+	}
+	return true
+}
+
+func validateType(t string) error {
+	switch {
+	case t == "":
+		return invalid("type", "must not be empty")
+	case len(t) > MaxTypeBytes:
+		return invalid("type", "%d bytes exceeds the %d-byte limit", len(t), MaxTypeBytes)
+	case strings.IndexByte(t, 0) >= 0:
+		return invalid("type", "%q contains a NUL byte", t)
+	case !utf8.ValidString(t):
+		return invalid("type", "%q is not valid UTF-8", t)
+	}
+	return nil
+}
+
+func validateTags(field string, tags map[string]string) error {
+	if len(tags) > MaxTags {
+		return invalid(field, "%d tags exceeds the limit of %d", len(tags), MaxTags)
+	}
+	for k, v := range tags {
+		switch {
+		case k == "":
+			return invalid(field, "empty tag key")
+		case len(k) > MaxTagBytes || len(v) > MaxTagBytes:
+			return invalid(field, "tag %q: key and value must be at most %d bytes", k, MaxTagBytes)
+		case strings.IndexByte(k, 0) >= 0:
+			return invalid(field, "tag key %q contains a NUL byte", k)
+		case strings.IndexByte(v, 0) >= 0:
+			return invalid(field, "tag %q: value contains a NUL byte", k)
+		case !utf8.ValidString(k) || !utf8.ValidString(v):
+			return invalid(field, "tag %q is not valid UTF-8", k)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,193 @@
+package backlog
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Handler runs one attempt of a job. Returning nil completes the job; an
+// error retries it with backoff until its attempts are used up; Permanent(err)
+// fails it at once; Snooze(d) runs it again after d without spending an
+// attempt. A panic is recovered and counts as an error. ctx is cancelled when
+// the job's timeout passes, its lease is lost, it is cancelled, or Work stops
+// after its grace period; context.Cause(ctx) tells which.
+//
+// Delivery is at least once: a handler can run again for an attempt whose
+// outcome was not recorded (its process died), so handlers must be
+// idempotent.
+type Handler interface {
+	Work(ctx context.Context, job *Job) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, job *Job) error
+
+// Work calls f(ctx, job).
+func (f HandlerFunc) Work(ctx context.Context, job *Job) error { return f(ctx, job) }
+
+// HandleJSON returns a Handler that decodes the job's JSON args into a T and
+// calls f. Args that do not decode fail the job permanently with an error
+// naming T.
+func HandleJSON[T any](f func(ctx context.Context, job *Job, args T) error) Handler {
+	return HandlerFunc(func(ctx context.Context, job *Job) error {
+		var args T
+		if err := json.Unmarshal(job.Args, &args); err != nil {
+			return Permanent(fmt.Errorf("decoding args of %s into %T: %w", job.Type, args, err))
+		}
+		return f(ctx, job, args)
+	})
+}
+
+// Mux routes jobs to handlers by exact job type, like http.ServeMux routes
+// requests by path. A job whose type has no handler fails permanently with a
+// clear error. A Mux is safe for concurrent use, but handlers registered
+// after Work started are not claimed by that Work call.
+type Mux struct {
+	mu     sync.RWMutex
+	routes map[string]route
+}
+
+type route struct {
+	h       Handler
+	backoff *Backoff
+}
+
+// NewMux returns an empty Mux.
+func NewMux() *Mux { return &Mux{routes: map[string]route{}} }
+
+// HandleOption configures one Mux registration. RetryBackoff is one.
+type HandleOption interface{ applyHandle(*route) }
+
+// Handle registers h for jobs of type typ. It panics if typ is invalid, h is
+// nil, or typ is already registered (like http.ServeMux).
+func (m *Mux) Handle(typ string, h Handler, opts ...HandleOption) {
+	if err := validateType(typ); err != nil {
+		panic(err)
+	}
+	if h == nil {
+		panic(invalid("handler", "nil handler for type %q", typ))
+	}
+	r := route{h: h}
+	for _, o := range opts {
+		o.applyHandle(&r)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, dup := m.routes[typ]; dup {
+		panic(fmt.Sprintf("backlog: handler for type %q registered twice", typ))
+	}
+	m.routes[typ] = r
+}
+
+// HandleFunc registers f for jobs of type typ.
+func (m *Mux) HandleFunc(typ string, f func(ctx context.Context, job *Job) error, opts ...HandleOption) {
+	if f == nil {
+		panic(invalid("handler", "nil handler for type %q", typ))
+	}
+	m.Handle(typ, HandlerFunc(f), opts...)
+}
+
+// Types returns the registered job types, sorted.
+func (m *Mux) Types() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	out := make([]string, 0, len(m.routes))
+	for t := range m.routes {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Work runs the handler registered for job.Type.
+func (m *Mux) Work(ctx context.Context, job *Job) error {
+	m.mu.RLock()
+	r, ok := m.routes[job.Type]
+	m.mu.RUnlock()
+	if !ok {
+		return Permanent(fmt.Errorf("no handler registered for job type %q", job.Type))
+	}
+	return r.h.Work(ctx, job)
+}
+
+func (m *Mux) backoffFor(typ string) *Backoff {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.routes[typ].backoff
+}
+
+// Backoff is the retry schedule of a failed attempt, in the terms of
+// cenkalti/backoff/v4's ExponentialBackOff: the n-th retry waits about
+// Initial * Multiplier^(n-1), capped at Max, randomised by ±Randomization.
+// The wait is measured on the database clock (run_at = now() + wait).
+type Backoff struct {
+	Initial       time.Duration // defaults to 1 second when zero
+	Max           time.Duration // defaults to 1 hour when zero
+	Multiplier    float64       // defaults to 2 when zero
+	Randomization float64       // 0 to 1; defaults to 0.5 when zero; use a tiny value for no jitter
+}
+
+// DefaultBackoff is the retry backoff unless configured otherwise: 1 s,
+// doubling, capped at 1 h, ±50 % jitter.
+var DefaultBackoff = Backoff{Initial: time.Second, Max: time.Hour, Multiplier: 2, Randomization: 0.5}
+
+func (b Backoff) validate() error {
+	if b.Initial < 0 || b.Max < 0 || b.Multiplier < 0 || b.Randomization < 0 || b.Randomization > 1 {
+		return invalid("backoff", "fields must not be negative and Randomization must be in [0, 1]: %+v", b)
+	}
+	return nil
+}
+
+// Delay returns the wait before the retry that follows failed attempt n
+// (n >= 1).
+func (b Backoff) Delay(attempt int) time.Duration {
+	e := &backoff.ExponentialBackOff{
+		InitialInterval:     b.Initial,
+		RandomizationFactor: b.Randomization,
+		Multiplier:          b.Multiplier,
+		MaxInterval:         b.Max,
+		MaxElapsedTime:      0,
+		Stop:                backoff.Stop,
+		Clock:               backoff.SystemClock,
+	}
+	if e.InitialInterval == 0 {
+		e.InitialInterval = DefaultBackoff.Initial
+	}
+	if e.MaxInterval == 0 {
+		e.MaxInterval = DefaultBackoff.Max
+	}
+	if e.Multiplier == 0 {
+		e.Multiplier = DefaultBackoff.Multiplier
+	}
+	if e.RandomizationFactor == 0 {
+		e.RandomizationFactor = DefaultBackoff.Randomization
+	}
+	e.Reset()
+	// The interval stops growing at Max, so a bounded loop is exact.
+	var d time.Duration
+	for i := 0; i < min(max(attempt, 1), 64); i++ {
+		d = e.NextBackOff()
+	}
+	return d
+}
+
+// RetryBackoff overrides the retry backoff for the jobs of one Work call
+// (as a WorkOption) or of one job type (as a HandleOption to Mux.Handle).
+// Defaults to the Queue's (WithRetryBackoff, else DefaultBackoff).
+func RetryBackoff(b Backoff) interface {
+	WorkOption
+	HandleOption
+} {
+	return retryBackoff(b)
+}
+
+type retryBackoff Backoff
+
+func (r retryBackoff) applyWork(c *workConfig) { b := Backoff(r); c.backoff = &b }
+func (r retryBackoff) applyHandle(rt *route)   { b := Backoff(r); rt.backoff = &b }

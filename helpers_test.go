@@ -1,0 +1,127 @@
+package backlog_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/backlogq/backlog"
+	"github.com/backlogq/backlog/internal/testdb"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(childMain())
+	}
+	code := m.Run()
+	testdb.Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			os.Stderr.WriteString("goroutine leak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// logger returns a logger that writes through t.Log when -v, else nowhere.
+func logger(t testing.TB) *slog.Logger {
+	if !testing.Verbose() {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// env is one test's queue in a fresh schema.
+type env struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	schema string
+	q      *backlog.Queue
+}
+
+func newEnv(t *testing.T, opts ...backlog.Option) *env {
+	t.Helper()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	e := &env{t: t, pool: pool, schema: schema}
+	e.q = e.queue(pool, opts...)
+	require.NoError(t, e.q.Migrate(context.Background()))
+	return e
+}
+
+// queue opens another Queue on the same schema (e.g. a second process).
+func (e *env) queue(pool *pgxpool.Pool, opts ...backlog.Option) *backlog.Queue {
+	e.t.Helper()
+	all := append([]backlog.Option{backlog.WithSchema(e.schema), backlog.WithLogger(logger(e.t))}, opts...)
+	q, err := backlog.New(context.Background(), pool, all...)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { require.NoError(e.t, q.Close()) })
+	return q
+}
+
+// work runs q.Work in the background; the returned stop cancels it and
+// returns Work's error. It is also called at cleanup.
+func work(t *testing.T, q *backlog.Queue, h backlog.Handler, opts ...backlog.WorkOption) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- q.Work(ctx, h, opts...) }()
+	var err error
+	stopped := false
+	stop = func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			err = <-done
+		}
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// waitJob polls the job until cond holds or the deadline passes.
+func (e *env) waitJob(id uuid.UUID, within time.Duration, cond func(*backlog.JobInfo) bool) *backlog.JobInfo {
+	e.t.Helper()
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		info, err := e.q.Job(context.Background(), id)
+		require.NoError(e.t, err)
+		if cond(info) {
+			return info
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("job %s: condition not met within %s; last: %+v", id, within, info)
+		}
+		<-tick.C
+	}
+}
+
+func (e *env) waitState(id uuid.UUID, within time.Duration, s backlog.State) *backlog.JobInfo {
+	e.t.Helper()
+	return e.waitJob(id, within, func(i *backlog.JobInfo) bool { return i.State == s })
+}
+
+// count runs a count query on the test's schema.
+func (e *env) count(where string, args ...any) int {
+	e.t.Helper()
+	var n int
+	require.NoError(e.t, e.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM "`+e.schema+`".jobs WHERE `+where, args...).Scan(&n))
+	return n
+}

@@ -1,0 +1,111 @@
+package backlog
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// State is where a job is in its life.
+type State string
+
+// The states of a job. A job moves blocked → available → running →
+// completed | failed | cancelled, and running → available for a retry or a
+// snooze.
+const (
+	StateBlocked   State = "blocked"   // waiting for prerequisites
+	StateAvailable State = "available" // may be claimed once run_at has passed
+	StateRunning   State = "running"   // claimed under a lease
+	StateCompleted State = "completed" // the handler succeeded
+	StateFailed    State = "failed"    // attempts exhausted or a permanent error
+	StateCancelled State = "cancelled" // cancelled before it completed
+)
+
+// Terminal reports whether s is a final state.
+func (s State) Terminal() bool {
+	return s == StateCompleted || s == StateFailed || s == StateCancelled
+}
+
+// NewID returns a new job ID (a UUIDv7, ordered by creation time). Set it on
+// a JobSpec when other jobs of the same batch must refer to it.
+func NewID() uuid.UUID { return uuid.Must(uuid.NewV7()) }
+
+// Job is what a handler receives: one attempt of one job. The handler gets
+// it as an argument, never through the context.
+type Job struct {
+	ID          uuid.UUID
+	Type        string
+	Args        json.RawMessage
+	Tags        map[string]string
+	Attempt     int // 1 for the first attempt
+	MaxAttempts int
+	Priority    int
+	Timeout     time.Duration // 0: none
+	CreatedAt   time.Time
+	RunAt       time.Time // when the job was due
+
+	token uuid.UUID
+	mu    sync.Mutex
+	res   json.RawMessage
+	resE  error
+}
+
+// SetResult records a small JSON result, stored with the job when the
+// handler returns nil. It returns an error (and the job will fail with it)
+// when v does not marshal or is larger than the queue's result limit.
+func (j *Job) SetResult(v any) error {
+	b, err := json.Marshal(v)
+	if err == nil && len(b) > maxResultBytes {
+		err = invalid("result", "%d bytes exceeds the %d-byte limit", len(b), maxResultBytes)
+	} else if err != nil {
+		err = invalid("result", "cannot marshal %T: %v", v, err)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.res, j.resE = b, err
+	if err != nil {
+		j.res = nil
+	}
+	return err
+}
+
+func (j *Job) result() (json.RawMessage, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.res, j.resE
+}
+
+// AttemptError is one failed attempt in a job's error history.
+type AttemptError struct {
+	Attempt int       `json:"attempt"`
+	At      time.Time `json:"at"`
+	Error   string    `json:"error"`
+}
+
+// JobInfo is a job's full record, as Queue.Job returns it.
+type JobInfo struct {
+	ID          uuid.UUID
+	Type        string
+	Args        json.RawMessage
+	Tags        map[string]string
+	State       State
+	Priority    int
+	Attempt     int // attempts started so far
+	MaxAttempts int
+	Timeout     time.Duration
+	Worker      string          // the worker holding it while running
+	Result      json.RawMessage // set when completed with a result
+	LastError   string
+	Errors      []AttemptError // oldest first, at most the last 20
+	CreatedAt   time.Time
+	RunAt       time.Time
+	StartedAt   *time.Time // start of the latest attempt
+	FinishedAt  *time.Time // when it reached a terminal state
+}
+
+func (i JobInfo) String() string {
+	return fmt.Sprintf("job %s (%s) %s, attempt %d/%d", i.ID, i.Type, i.State, i.Attempt, i.MaxAttempts)
+}

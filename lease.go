@@ -1,0 +1,190 @@
+package backlog
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/backlogq/backlog/internal/store"
+)
+
+// A lease is a worker's right to run one attempt of a job: the claim sets
+// jobs.lease_token to a fresh UUID and jobs.lease_expires_at to the
+// database's now() + the lease duration. The lease token fences every later
+// write: a heartbeat extends, and a finish writes, only the row whose
+// (id, lease_token, state = 'running') still match. Once a lease has expired
+// the sweep may hand the job to another worker under a new token, after
+// which every write of the old holder changes nothing.
+//
+// leases is the registry of the leases this Queue holds, renewed by one
+// heartbeat loop.
+type leases struct {
+	store    *store.Store
+	log      *slog.Logger
+	duration time.Duration
+	margin   time.Duration // cancel this long before the lease could expire
+
+	mu   sync.Mutex
+	held map[uuid.UUID]*lease
+}
+
+type lease struct {
+	id, token uuid.UUID
+	// deadline is the local (monotonic) time until which the lease is
+	// certainly ours: the send time of the last successful claim or
+	// renewal, plus the lease, minus the margin. The database's now() at
+	// that statement was later than the send time, so its expiry is later
+	// than deadline + margin.
+	deadline time.Time
+	cancel   context.CancelCauseFunc // set once the handler runs
+	lost     error                   // why the lease is gone, once it is
+}
+
+func newLeases(st *store.Store, log *slog.Logger, d time.Duration) *leases {
+	return &leases{store: st, log: log, duration: d, margin: d / 5, held: map[uuid.UUID]*lease{}}
+}
+
+// add registers freshly claimed jobs; sentAt is when the claim was sent.
+func (l *leases) add(jobs []*Job, sentAt time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, j := range jobs {
+		l.held[j.ID] = &lease{id: j.ID, token: j.token, deadline: sentAt.Add(l.duration - l.margin)}
+	}
+}
+
+// start attaches the handler's cancel function. It returns the reason when
+// the lease was lost before the handler could start.
+func (l *leases) start(id uuid.UUID, cancel context.CancelCauseFunc) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	le := l.held[id]
+	if le == nil {
+		return ErrLeaseLost
+	}
+	if le.lost != nil {
+		return le.lost
+	}
+	le.cancel = cancel
+	return nil
+}
+
+// lostErr reports why the lease of id was lost, or nil while it is held.
+func (l *leases) lostErr(id uuid.UUID) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if le := l.held[id]; le != nil {
+		return le.lost
+	}
+	return ErrLeaseLost
+}
+
+// remove forgets a lease once its finish was written (or refused).
+func (l *leases) remove(id uuid.UUID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.held, id)
+}
+
+func (l *leases) loseLocked(le *lease, cause error) {
+	if le.lost != nil {
+		return
+	}
+	le.lost = cause
+	if le.cancel != nil {
+		le.cancel(cause)
+	}
+}
+
+// count returns how many leases are held.
+func (l *leases) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.held)
+}
+
+// heartbeat renews every held lease in one statement. Leases the database no
+// longer matches are lost: their handlers are cancelled with ErrLeaseLost.
+// Whether or not the statement succeeds, leases past their local deadline
+// are lost too, so a worker cut off from the database stops its handlers
+// before another worker could be given the same attempt. It returns whether
+// the renewal succeeded.
+func (l *leases) heartbeat(ctx context.Context) bool {
+	l.mu.Lock()
+	ids := make([]uuid.UUID, 0, len(l.held))
+	tokens := make([]uuid.UUID, 0, len(l.held))
+	for _, le := range l.held {
+		if le.lost == nil {
+			ids = append(ids, le.id)
+			tokens = append(tokens, le.token)
+		}
+	}
+	l.mu.Unlock()
+
+	ok := true
+	if len(ids) > 0 {
+		sentAt := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, l.duration/3)
+		alive, err := l.store.Extend(cctx, ids, tokens, l.duration)
+		cancel()
+		l.mu.Lock()
+		if err != nil {
+			ok = false
+			if ctx.Err() == nil {
+				l.log.Warn("backlog: renewing leases failed", "leases", len(ids), "err", err)
+			}
+		} else {
+			still := make(map[uuid.UUID]bool, len(alive))
+			for _, e := range alive {
+				still[e.ID] = true
+				if le := l.held[e.ID]; le != nil {
+					le.deadline = sentAt.Add(l.duration - l.margin)
+				}
+			}
+			for i, id := range ids {
+				if le := l.held[id]; le != nil && le.token == tokens[i] && !still[id] {
+					l.log.Warn("backlog: lease lost", "job", id)
+					l.loseLocked(le, ErrLeaseLost)
+				}
+			}
+		}
+		l.mu.Unlock()
+	}
+	l.expire(time.Now())
+	return ok
+}
+
+// expire loses every lease whose local deadline has passed.
+func (l *leases) expire(now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, le := range l.held {
+		if le.lost == nil && now.After(le.deadline) {
+			l.log.Warn("backlog: lease could not be renewed in time; cancelling the handler", "job", le.id)
+			l.loseLocked(le, ErrLeaseLost)
+		}
+	}
+}
+
+// run renews leases every duration/3 until ctx ends; after a failed renewal
+// it retries every duration/30 so that local deadlines are checked often.
+func (l *leases) run(ctx context.Context) {
+	every, retry := l.duration/3, max(l.duration/30, 10*time.Millisecond)
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if l.heartbeat(ctx) {
+			t.Reset(every)
+		} else {
+			t.Reset(retry)
+		}
+	}
+}

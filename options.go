@@ -1,0 +1,235 @@
+package backlog
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Defaults of every option. Each option's doc repeats its default.
+const (
+	DefaultSchema         = "backlog"
+	DefaultLease          = 30 * time.Second
+	DefaultPollInterval   = 30 * time.Second
+	DefaultPollJitter     = 3 * time.Second
+	DefaultNotifyInterval = 2 * time.Millisecond
+	DefaultSweepInterval  = 5 * time.Second
+	DefaultConcurrency    = 100
+	DefaultGracePeriod    = 10 * time.Second
+	DefaultMaxAttempts    = 25
+	DefaultPriority       = 0
+)
+
+// Limits on input. Inputs over them are rejected with an *InputError.
+const (
+	MaxTypeBytes   = 200     // length of a job type
+	MaxTagBytes    = 200     // length of a tag key or value
+	MaxTags        = 32      // tags per job or worker
+	MaxArgsBytes   = 1 << 20 // encoded args
+	maxResultBytes = 64 << 10
+	MinPriority    = 0   // runs first
+	MaxPriority    = 100 // runs last
+)
+
+// MaxResultBytes is the largest JSON result a job may store.
+const MaxResultBytes = maxResultBytes
+
+// Option configures a Queue (see New).
+type Option func(*config)
+
+type config struct {
+	schema         string
+	logger         *slog.Logger
+	lease          time.Duration
+	workerID       string
+	pollInterval   time.Duration
+	pollJitter     time.Duration
+	pollOnly       bool
+	listenConn     func(context.Context) (*pgx.Conn, error)
+	notifyInterval time.Duration
+	sweepInterval  time.Duration
+	backoff        Backoff
+}
+
+func defaultConfig() config {
+	return config{
+		schema:         DefaultSchema,
+		logger:         slog.Default(),
+		lease:          DefaultLease,
+		pollInterval:   DefaultPollInterval,
+		pollJitter:     DefaultPollJitter,
+		notifyInterval: DefaultNotifyInterval,
+		sweepInterval:  DefaultSweepInterval,
+		backoff:        DefaultBackoff,
+	}
+}
+
+// WithSchema sets the PostgreSQL schema holding backlog's tables. It must be
+// a plain identifier ([A-Za-z_][A-Za-z0-9_]*, at most 48 bytes). The NOTIFY
+// channel is named after it, so queues in different schemas never wake each
+// other. Defaults to "backlog".
+func WithSchema(name string) Option { return func(c *config) { c.schema = name } }
+
+// WithLogger sets the structured logger. Defaults to slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithLease sets how long a claim holds a job without a heartbeat. One
+// heartbeat per Queue renews every held lease each lease/3; a job whose
+// worker died is claimable again once its lease has expired and the sweep
+// has run. Must be at least 1s. Defaults to 30 seconds.
+func WithLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+
+// WithWorkerID names this process in the jobs it holds (jobs.worker) and in
+// logs. Defaults to "hostname:pid:random".
+func WithWorkerID(id string) Option { return func(c *config) { c.workerID = id } }
+
+// WithPollInterval sets the backup poll: how often an idle domain queries
+// the database although no notification arrived (notifications can be lost
+// while the listener reconnects; jobs inserted with raw SQL send none).
+// Defaults to 30 seconds.
+func WithPollInterval(d time.Duration) Option { return func(c *config) { c.pollInterval = d } }
+
+// WithPollJitter adds a random delay in [0, d) to each backup poll so that
+// many processes do not poll in step. Defaults to 3 seconds.
+func WithPollJitter(d time.Duration) Option { return func(c *config) { c.pollJitter = d } }
+
+// WithPollOnly turns LISTEN off: idle workers find new jobs through the
+// backup poll and the run_at timers only, and this process's own enqueues
+// wake its workers directly. For PgBouncer in transaction pooling mode when
+// no direct connection is available for LISTEN. Defaults to off.
+func WithPollOnly() Option { return func(c *config) { c.pollOnly = true } }
+
+// WithListenConn sets how the listener gets its dedicated connection, e.g. a
+// direct connection to PostgreSQL when the pool goes through PgBouncer. The
+// listener closes the connection when done with it. Defaults to a
+// connection taken out of the Queue's pool (pgxpool Acquire + Hijack).
+func WithListenConn(f func(context.Context) (*pgx.Conn, error)) Option {
+	return func(c *config) { c.listenConn = f }
+}
+
+// WithNotifyInterval caps the NOTIFY postings this process sends for one
+// (type, tags) pair from Enqueue and EnqueueMany to one per interval; jobs
+// enqueued in between are announced by one trailing posting at the end of
+// the interval. NOTIFY serialises the commits of notifying transactions in
+// PostgreSQL, so this keeps enqueue throughput high under load. EnqueueTx
+// always notifies inside the caller's transaction. Zero disables the
+// coalescing. Defaults to 2 milliseconds.
+func WithNotifyInterval(d time.Duration) Option { return func(c *config) { c.notifyInterval = d } }
+
+// WithSweepInterval sets how often this process looks for expired leases
+// (jobs of crashed workers) and makes them available again. The interval is
+// jittered by up to 20%. Defaults to 5 seconds.
+func WithSweepInterval(d time.Duration) Option { return func(c *config) { c.sweepInterval = d } }
+
+// WithRetryBackoff sets the Queue-wide retry backoff; Work and Mux
+// registrations can override it per job type with RetryBackoff. Defaults to
+// DefaultBackoff.
+func WithRetryBackoff(b Backoff) Option { return func(c *config) { c.backoff = b } }
+
+// EnqueueOption configures one job at enqueue time. Tags, Priority, RunAt,
+// Delay, MaxAttempts and Timeout are EnqueueOptions.
+type EnqueueOption interface{ applyEnqueue(*enqueueConfig) }
+
+type enqueueConfig struct {
+	tags        Tags
+	priority    int
+	runAt       *time.Time
+	delay       time.Duration
+	maxAttempts int
+	timeout     time.Duration
+}
+
+type enqueueFunc func(*enqueueConfig)
+
+func (f enqueueFunc) applyEnqueue(c *enqueueConfig) { f(c) }
+
+// Tags are a job's routing labels: a job runs only on a worker whose
+// WorkerTags contain every one of the job's tags with the same value. An
+// untagged job runs on any worker. Defaults to none.
+type Tags map[string]string
+
+func (t Tags) applyEnqueue(c *enqueueConfig) {
+	if c.tags == nil {
+		c.tags = Tags{}
+	}
+	for k, v := range t {
+		c.tags[k] = v
+	}
+}
+
+// Priority sets the job's priority from MinPriority (0, runs first) to
+// MaxPriority (100). Defaults to 0.
+func Priority(p int) EnqueueOption { return enqueueFunc(func(c *enqueueConfig) { c.priority = p }) }
+
+// RunAt makes the job available no earlier than t. Defaults to now.
+func RunAt(t time.Time) EnqueueOption {
+	return enqueueFunc(func(c *enqueueConfig) { c.runAt = &t })
+}
+
+// Delay makes the job available d after the database's now() at insert.
+// Must not be negative. Defaults to 0.
+func Delay(d time.Duration) EnqueueOption {
+	return enqueueFunc(func(c *enqueueConfig) { c.delay = d })
+}
+
+// MaxAttempts sets how many times the job may run before it fails. Must be
+// at least 1. Defaults to 25.
+func MaxAttempts(n int) EnqueueOption {
+	return enqueueFunc(func(c *enqueueConfig) { c.maxAttempts = n })
+}
+
+// Timeout cancels the handler's context (cause ErrJobTimeout) d after an
+// attempt starts; the attempt then counts as failed and is retried. Must
+// not be negative; 0 means no timeout. Defaults to 0.
+func Timeout(d time.Duration) EnqueueOption {
+	return enqueueFunc(func(c *enqueueConfig) { c.timeout = d })
+}
+
+// WorkOption configures one Work call. Concurrency, WorkerTags, Types,
+// GracePeriod and RetryBackoff are WorkOptions.
+type WorkOption interface{ applyWork(*workConfig) }
+
+type workConfig struct {
+	concurrency int
+	tags        WorkerTags
+	types       []string
+	grace       time.Duration
+	backoff     *Backoff
+}
+
+type workFunc func(*workConfig)
+
+func (f workFunc) applyWork(c *workConfig) { f(c) }
+
+// Concurrency sets how many jobs a Work call runs at once. Must be at least
+// 1. Defaults to 100.
+func Concurrency(n int) WorkOption { return workFunc(func(c *workConfig) { c.concurrency = n }) }
+
+// Types sets the job types a Work call claims. Required unless the handler
+// is a *Mux, whose registered types are the default.
+func Types(types ...string) WorkOption {
+	return workFunc(func(c *workConfig) { c.types = append([]string(nil), types...) })
+}
+
+// GracePeriod is how long running handlers may go on after Work's context is
+// cancelled before their own contexts are cancelled (cause ErrShutdown).
+// Defaults to 10 seconds.
+func GracePeriod(d time.Duration) WorkOption {
+	return workFunc(func(c *workConfig) { c.grace = d })
+}
+
+// WorkerTags are the tags of a Work call's workers: they take untagged jobs
+// and jobs whose tags are all among these, with the same values. Defaults to
+// none (untagged jobs only).
+type WorkerTags map[string]string
+
+func (t WorkerTags) applyWork(c *workConfig) {
+	if c.tags == nil {
+		c.tags = WorkerTags{}
+	}
+	for k, v := range t {
+		c.tags[k] = v
+	}
+}

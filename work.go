@@ -1,0 +1,247 @@
+package backlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/backlogq/backlog/internal/store"
+)
+
+// maxErrorBytes caps the text of one recorded attempt error (panic stacks
+// included).
+const maxErrorBytes = 8 << 10
+
+// Work runs jobs with h until ctx is cancelled or the Queue is closed, like
+// http.Server.Serve. It claims only the job types h handles (a *Mux's
+// registered types, or the Types option) whose tags fit the WorkerTags.
+//
+// When ctx is cancelled Work stops claiming, lets running handlers finish
+// within the grace period, then cancels their contexts (cause ErrShutdown).
+// Jobs whose handlers gave up that way are released: available again at
+// once, without spending the attempt. Work returns after every goroutine it
+// started has exited and every outcome has been written: nil after ctx was
+// cancelled, ErrClosed after Close, or an *InputError for bad options.
+func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
+	if h == nil {
+		return invalid("handler", "must not be nil")
+	}
+	cfg := workConfig{concurrency: DefaultConcurrency, grace: DefaultGracePeriod}
+	for _, o := range opts {
+		if o == nil {
+			return invalid("options", "nil option")
+		}
+		o.applyWork(&cfg)
+	}
+	mux, _ := h.(*Mux)
+	if cfg.types == nil && mux != nil {
+		cfg.types = mux.Types()
+	}
+	switch {
+	case cfg.concurrency < 1:
+		return invalid("concurrency", "must be at least 1, got %d", cfg.concurrency)
+	case cfg.grace < 0:
+		return invalid("grace period", "must not be negative, got %s", cfg.grace)
+	}
+	if cfg.backoff != nil {
+		if err := cfg.backoff.validate(); err != nil {
+			return err
+		}
+	}
+	spec, err := newDomainSpec(cfg.types, cfg.tags)
+	if err != nil {
+		return err
+	}
+
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return ErrClosed
+	}
+	q.startLocked()
+	q.works.Add(1)
+	q.mu.Unlock()
+	defer q.works.Done()
+
+	// Claiming stops with ctx or Close; handlers run under hard, which only
+	// the end of the grace period cancels.
+	claimCtx, stopClaiming := context.WithCancel(ctx)
+	defer stopClaiming()
+	hard, hardStop := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer hardStop(nil)
+
+	w := &worker{q: q, h: h, mux: mux, cfg: cfg, hard: hard}
+	var workers sync.WaitGroup
+	for range cfg.concurrency {
+		workers.Go(func() {
+			for {
+				job, err := q.acq.acquire(claimCtx, spec)
+				if err != nil {
+					return
+				}
+				w.run(job)
+			}
+		})
+	}
+	allDone := make(chan struct{})
+	go func() { // exits once the workers have; awaited below
+		workers.Wait()
+		close(allDone)
+	}()
+
+	var result error
+	select {
+	case <-ctx.Done():
+	case <-q.closing:
+		result = ErrClosed
+	case <-allDone: // only if the acquirer closed under us
+		result = ErrClosed
+	}
+	stopClaiming()
+	grace := time.NewTimer(cfg.grace)
+	select {
+	case <-allDone:
+	case <-grace.C:
+		q.log.Warn("backlog: grace period over; cancelling running handlers", "types", spec.types)
+		hardStop(ErrShutdown)
+		<-allDone
+	}
+	grace.Stop()
+	w.finishes.Wait()
+	return result
+}
+
+// worker runs the jobs of one Work call.
+type worker struct {
+	q        *Queue
+	h        Handler
+	mux      *Mux
+	cfg      workConfig
+	hard     context.Context
+	finishes sync.WaitGroup // outcomes submitted but not yet written
+}
+
+func (w *worker) run(job *Job) {
+	ctx, cancel := context.WithCancelCause(w.hard)
+	defer cancel(nil)
+	if err := w.q.leases.start(job.ID, cancel); err != nil {
+		w.q.leases.remove(job.ID)
+		w.q.log.Warn("backlog: lease lost before the job started", "job", job.ID, "type", job.Type)
+		return
+	}
+	if job.Timeout > 0 {
+		var stop context.CancelFunc
+		ctx, stop = context.WithTimeoutCause(ctx, job.Timeout, ErrJobTimeout)
+		defer stop()
+	}
+	err := callHandler(ctx, w.h, job)
+	cause := context.Cause(ctx)
+
+	if lost := w.q.leases.lostErr(job.ID); lost != nil {
+		// Someone else may hold the job now; any write would be refused.
+		w.q.leases.remove(job.ID)
+		w.q.log.Warn("backlog: job finished after its lease was lost; outcome dropped",
+			"job", job.ID, "type", job.Type, "attempt", job.Attempt, "err", err)
+		return
+	}
+	f := w.outcome(job, err, cause)
+	w.finishes.Add(1)
+	w.q.comp.submit(finishReq{f: f, job: job, done: func(bool) { w.finishes.Done() }})
+}
+
+// outcome maps what the handler returned to the write that records it.
+func (w *worker) outcome(job *Job, err, cause error) store.Finish {
+	f := store.Finish{ID: job.ID, Token: job.token}
+	var snooze *snoozeError
+	switch {
+	case err == nil:
+		res, rerr := job.result()
+		if rerr != nil {
+			f.State, f.Err = string(StateFailed), errText(rerr)
+			return f
+		}
+		f.State, f.Result = string(StateCompleted), res
+	case errors.Is(cause, ErrShutdown):
+		f.State, f.AttemptDelta = string(StateAvailable), -1
+	case errors.As(err, &snooze):
+		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), snooze.d, -1
+	case IsPermanent(err):
+		f.State, f.Err = string(StateFailed), errText(err)
+	case job.Attempt >= job.MaxAttempts:
+		f.State, f.Err = string(StateFailed), errText(err)
+	default:
+		if errors.Is(cause, ErrJobTimeout) && !errors.Is(err, ErrJobTimeout) {
+			err = fmt.Errorf("%w after %s: %w", ErrJobTimeout, job.Timeout, err)
+		}
+		f.State, f.Err, f.Delay = string(StateAvailable), errText(err), w.backoff(job.Type).Delay(job.Attempt)
+	}
+	if f.Err == nil && err != nil && f.State == string(StateFailed) {
+		f.Err = errText(err)
+	}
+	return f
+}
+
+func (w *worker) backoff(typ string) Backoff {
+	if w.mux != nil {
+		if b := w.mux.backoffFor(typ); b != nil {
+			return *b
+		}
+	}
+	if w.cfg.backoff != nil {
+		return *w.cfg.backoff
+	}
+	return w.q.cfg.backoff
+}
+
+// panicError is a recovered handler panic with its stack.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (e *panicError) Error() string { return fmt.Sprintf("panic: %v\n\n%s", e.value, e.stack) }
+
+func callHandler(ctx context.Context, h Handler, job *Job) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &panicError{value: r, stack: debug.Stack()}
+		}
+	}()
+	return h.Work(ctx, job)
+}
+
+// errText caps an error's text at maxErrorBytes on a UTF-8 boundary.
+func errText(err error) *string {
+	s := err.Error()
+	if len(s) > maxErrorBytes {
+		cut := maxErrorBytes
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "… (truncated)"
+	}
+	s = strings.ToValidUTF8(stripNul(s), "\uFFFD")
+	return &s
+}
+
+// stripNul removes NUL bytes, which PostgreSQL text cannot hold.
+func stripNul(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			b := []byte(s)
+			out := b[:0]
+			for _, c := range b {
+				if c != 0 {
+					out = append(out, c)
+				}
+			}
+			return string(out)
+		}
+	}
+	return s
+}
