@@ -25,10 +25,9 @@ type completer struct {
 	post   func([]posting) // announces jobs made available again
 	giveUp time.Duration   // stop retrying a failed write after this long
 
-	mu      sync.Mutex
-	queue   []finishReq
-	wake    chan struct{} // buffer of 1: submit never blocks
-	stopped bool
+	mu    sync.Mutex
+	queue []finishReq
+	wake  chan struct{} // buffer of 1: submit never blocks
 }
 
 type finishReq struct {

@@ -125,3 +125,21 @@ func (e *env) count(where string, args ...any) int {
 		`SELECT count(*) FROM "`+e.schema+`".jobs WHERE `+where, args...).Scan(&n))
 	return n
 }
+
+// waitCount polls until count(where) reaches want or the deadline passes.
+func (e *env) waitCount(where string, want int, within time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		got := e.count(where)
+		if got >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s: %d of %d within %s", where, got, want, within)
+		}
+		<-tick.C
+	}
+}

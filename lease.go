@@ -99,13 +99,6 @@ func (l *leases) loseLocked(le *lease, cause error) {
 	}
 }
 
-// count returns how many leases are held.
-func (l *leases) count() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.held)
-}
-
 // heartbeat renews every held lease in one statement. Leases the database no
 // longer matches are lost: their handlers are cancelled with ErrLeaseLost.
 // Whether or not the statement succeeds, leases past their local deadline

@@ -165,9 +165,6 @@ type listener struct {
 	log     *slog.Logger
 	idle    time.Duration // ping the connection after this long without a posting
 
-	mu        sync.Mutex
-	conn      *pgx.Conn // the current connection, for tests that kill it
-	connected chan struct{}
 }
 
 func (l *listener) run(ctx context.Context) {
@@ -201,18 +198,6 @@ func (l *listener) session(ctx context.Context, b backoff.BackOff) error {
 		return err
 	}
 	b.Reset()
-	l.mu.Lock()
-	l.conn = conn
-	if l.connected != nil {
-		close(l.connected)
-		l.connected = nil
-	}
-	l.mu.Unlock()
-	defer func() {
-		l.mu.Lock()
-		l.conn = nil
-		l.mu.Unlock()
-	}()
 	l.acq.wakeAll()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, l.idle)
@@ -239,14 +224,4 @@ func (l *listener) session(ctx context.Context, b backoff.BackOff) error {
 		}
 		l.acq.post(p)
 	}
-}
-
-// waitConnected returns a channel closed at the next successful LISTEN.
-func (l *listener) waitConnected() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.connected == nil {
-		l.connected = make(chan struct{})
-	}
-	return l.connected
 }

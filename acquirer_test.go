@@ -1,0 +1,508 @@
+package backlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeStore is a scripted claim store in the spirit of Coder's acquirer
+// tests: an in-memory table of jobs, overlap detection per domain, an
+// optional gate that holds claims until the test lets them go, and
+// injectable errors.
+type fakeStore struct {
+	mu       sync.Mutex
+	jobs     []*fakeJob
+	inFlight map[string]bool
+	overlap  []string
+	calls    []fakeCall
+	released []*Job
+	errs     []error       // returned by the next claims, in order
+	gate     chan struct{} // when set, each claim waits for one receive
+	entered  chan string   // when set, each claim reports its domain on entry
+}
+
+type fakeJob struct {
+	job   *Job
+	dueAt time.Time
+}
+
+type fakeCall struct {
+	key     string
+	k, took int
+}
+
+func newFakeStore() *fakeStore { return &fakeStore{inFlight: map[string]bool{}} }
+
+func (f *fakeStore) add(typ string, tags map[string]string, in time.Duration) *Job {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	j := &Job{ID: uuid.New(), Type: typ, Tags: tags}
+	f.jobs = append(f.jobs, &fakeJob{job: j, dueAt: time.Now().Add(in)})
+	return j
+}
+
+func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k int) ([]*Job, time.Duration, error) {
+	f.mu.Lock()
+	if f.inFlight[d.key] {
+		f.overlap = append(f.overlap, d.key)
+	}
+	f.inFlight[d.key] = true
+	gate, entered := f.gate, f.entered
+	f.mu.Unlock()
+	if entered != nil {
+		entered <- d.key
+	}
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	defer func() { f.inFlight[d.key] = false }()
+	if len(f.errs) > 0 {
+		err := f.errs[0]
+		f.errs = f.errs[1:]
+		f.calls = append(f.calls, fakeCall{key: d.key, k: k})
+		return nil, 0, err
+	}
+	now := time.Now()
+	var took []*Job
+	next := time.Duration(-1)
+	rest := f.jobs[:0:0]
+	for _, fj := range f.jobs {
+		if !d.matches(fj.job.Type, fj.job.Tags) {
+			rest = append(rest, fj)
+			continue
+		}
+		if fj.dueAt.After(now) {
+			if in := fj.dueAt.Sub(now); next < 0 || in < next {
+				next = in
+			}
+			rest = append(rest, fj)
+			continue
+		}
+		if len(took) < k {
+			took = append(took, fj.job)
+			continue
+		}
+		rest = append(rest, fj)
+	}
+	f.jobs = rest
+	f.calls = append(f.calls, fakeCall{key: d.key, k: k, took: len(took)})
+	if len(took) == k {
+		next = -1
+	}
+	return took, next, nil
+}
+
+func (f *fakeStore) release(jobs []*Job) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.released = append(f.released, jobs...)
+	for _, j := range jobs {
+		f.jobs = append(f.jobs, &fakeJob{job: j, dueAt: time.Now()})
+	}
+}
+
+func (f *fakeStore) callCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.calls)
+}
+
+func (f *fakeStore) check(t *testing.T) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.Empty(t, f.overlap, "two claims of one domain overlapped")
+}
+
+const testPoll = 30 * time.Second
+
+func newTestAcquirer(t *testing.T, st *fakeStore) *acquirer {
+	a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), testPoll, 0)
+	t.Cleanup(func() {
+		a.close()
+		st.check(t)
+	})
+	return a
+}
+
+func spec(t *testing.T, types []string, tags map[string]string) *domainSpec {
+	d, err := newDomainSpec(types, tags)
+	require.NoError(t, err)
+	return d
+}
+
+// testAcquiree runs one acquire in the background.
+type testAcquiree struct {
+	t      *testing.T
+	cancel context.CancelFunc
+	res    chan acquired
+}
+
+func startAcquiree(t *testing.T, a *acquirer, d *domainSpec) *testAcquiree {
+	ctx, cancel := context.WithCancel(context.Background())
+	ta := &testAcquiree{t: t, cancel: cancel, res: make(chan acquired, 1)}
+	go func() {
+		j, err := a.acquire(ctx, d)
+		ta.res <- acquired{job: j, err: err}
+	}()
+	return ta
+}
+
+// success requires a job now (call after synctest.Wait).
+func (ta *testAcquiree) success() *Job {
+	ta.t.Helper()
+	select {
+	case r := <-ta.res:
+		require.NoError(ta.t, r.err)
+		require.NotNil(ta.t, r.job)
+		ta.cancel()
+		return r.job
+	default:
+		ta.t.Fatal("acquiree got no job")
+		return nil
+	}
+}
+
+func (ta *testAcquiree) requireBlocked() {
+	ta.t.Helper()
+	select {
+	case r := <-ta.res:
+		ta.t.Fatalf("acquiree should be blocked, got job %v err %v", r.job, r.err)
+	default:
+	}
+}
+
+func (ta *testAcquiree) requireCanceled() {
+	ta.t.Helper()
+	ta.cancel()
+	r := <-ta.res
+	require.ErrorIs(ta.t, r.err, context.Canceled)
+	require.Nil(ta.t, r.job)
+}
+
+func TestAcquirerSingleAcquiree(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		a := newTestAcquirer(t, st)
+		want := st.add("a", nil, 0)
+		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		synctest.Wait()
+		require.Equal(t, want.ID, ta.success().ID)
+		require.Equal(t, 1, st.callCount())
+	})
+}
+
+func TestAcquirerTenAcquireesOneDomainBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		st.gate = make(chan struct{})
+		st.entered = make(chan string, 100)
+		a := newTestAcquirer(t, st)
+		d := spec(t, []string{"a"}, nil)
+		for range 10 {
+			st.add("a", nil, 0)
+		}
+		// The first acquiree starts a claim (k=1) that the gate holds; the
+		// other nine queue up behind it and are served by one claim (k=9).
+		first := startAcquiree(t, a, d)
+		<-st.entered
+		var rest []*testAcquiree
+		for range 9 {
+			rest = append(rest, startAcquiree(t, a, d))
+		}
+		synctest.Wait()
+		require.Len(t, st.entered, 0, "only one claim per domain at a time")
+		st.gate <- struct{}{}
+		<-st.entered
+		st.gate <- struct{}{}
+		synctest.Wait()
+		seen := map[uuid.UUID]bool{first.success().ID: true}
+		for _, ta := range rest {
+			id := ta.success().ID
+			require.False(t, seen[id], "a job handed out twice")
+			seen[id] = true
+		}
+		require.Len(t, seen, 10)
+		require.Equal(t, []fakeCall{{d.key, 1, 1}, {d.key, 9, 9}}, st.calls)
+		st.gate = nil
+		require.NoError(t, a.checkIdle())
+	})
+}
+
+func TestAcquirerWaitsAndIgnoresNonMatchingPostings(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		a := newTestAcquirer(t, st)
+		d := spec(t, []string{"a", "b"}, map[string]string{"region": "eu"})
+		ta := startAcquiree(t, a, d)
+		synctest.Wait()
+		ta.requireBlocked()
+		require.Equal(t, 1, st.callCount())
+
+		for _, p := range []posting{
+			{Type: "c"}, // other type
+			{Type: "a", Tags: map[string]string{"region": "us"}},               // conflicting value
+			{Type: "a", Tags: map[string]string{"region": "eu", "gpu": "yes"}}, // extra job tag
+		} {
+			st.add(p.Type, p.Tags, 0)
+			a.post(p)
+			synctest.Wait()
+			ta.requireBlocked()
+			require.Equal(t, 1, st.callCount(), "posting %+v must not wake the domain", p)
+		}
+		want := st.add("b", map[string]string{"region": "eu"}, 0)
+		a.post(posting{Type: "b", Tags: map[string]string{"region": "eu"}})
+		synctest.Wait()
+		require.Equal(t, want.ID, ta.success().ID)
+
+		// An untagged job matches a tagged worker.
+		ta = startAcquiree(t, a, d)
+		synctest.Wait()
+		want = st.add("a", nil, 0)
+		a.post(posting{Type: "a"})
+		synctest.Wait()
+		require.Equal(t, want.ID, ta.success().ID)
+	})
+}
+
+func TestAcquirerPendingPostingMidClaim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		st.gate = make(chan struct{})
+		st.entered = make(chan string, 10)
+		a := newTestAcquirer(t, st)
+		d := spec(t, []string{"a"}, nil)
+		ta := startAcquiree(t, a, d)
+		<-st.entered
+		// The job commits after the claim's snapshot: the claim finds
+		// nothing, but the posting that lands meanwhile makes the domain
+		// query again at once instead of parking.
+		a.post(posting{Type: "a"})
+		st.gate <- struct{}{} // first claim: nothing (the job is not there yet)
+		<-st.entered
+		want := st.add("a", nil, 0)
+		st.gate <- struct{}{}
+		synctest.Wait()
+		require.Equal(t, want.ID, ta.success().ID)
+		require.Equal(t, 2, st.callCount())
+		st.gate = nil
+	})
+}
+
+func TestAcquirerDomainsDoNotBlockEachOther(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		st.gate = make(chan struct{})
+		st.entered = make(chan string, 10)
+		a := newTestAcquirer(t, st)
+		slow := startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		<-st.entered // domain a's claim is held by the gate
+		st.add("b", nil, 0)
+		fast := startAcquiree(t, a, spec(t, []string{"b"}, nil))
+		<-st.entered
+		st.gate <- struct{}{} // lets one claim through: whichever is first in line
+		synctest.Wait()
+		st.gate <- struct{}{}
+		synctest.Wait()
+		fast.success()
+		slow.requireBlocked()
+		slow.requireCanceled()
+		st.gate = nil
+	})
+}
+
+func TestAcquirerBackupPollWakesDomain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		a := newTestAcquirer(t, st)
+		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		synctest.Wait()
+		ta.requireBlocked()
+		st.add("a", nil, 0) // inserted without a posting
+		time.Sleep(testPoll - time.Second)
+		synctest.Wait()
+		ta.requireBlocked()
+		require.Equal(t, 1, st.callCount(), "no query before the backup poll")
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		ta.success()
+		require.Equal(t, 2, st.callCount())
+	})
+}
+
+func TestAcquirerIdleCostIsOneQueryPerPoll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		a := newTestAcquirer(t, st)
+		var tas []*testAcquiree
+		for i := range 20 {
+			d := spec(t, []string{fmt.Sprintf("t%d", i)}, nil)
+			for range 10 {
+				tas = append(tas, startAcquiree(t, a, d))
+			}
+		}
+		synctest.Wait()
+		before := st.callCount()
+		require.LessOrEqual(t, before, 20*10) // at most one claim per acquiree arrival
+		time.Sleep(10*testPoll + time.Second)
+		synctest.Wait()
+		require.Equal(t, 20*10, st.callCount()-before, "20 domains x 10 polls")
+		for _, ta := range tas {
+			ta.requireCanceled()
+		}
+		synctest.Wait()
+		require.NoError(t, a.checkIdle())
+	})
+}
+
+func TestAcquirerCancelledAcquireeNeverStrandsDomain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		st.gate = make(chan struct{})
+		st.entered = make(chan string, 10)
+		a := newTestAcquirer(t, st)
+		d := spec(t, []string{"a"}, nil)
+		st.add("a", nil, 0)
+		st.add("a", nil, 0)
+		first := startAcquiree(t, a, d)
+		<-st.entered
+		second := startAcquiree(t, a, d)
+		synctest.Wait()
+		// The acquiree whose arrival started the claim leaves mid-claim.
+		first.requireCanceled()
+		st.gate <- struct{}{}
+		synctest.Wait()
+		second.success() // the job claimed on first's behalf went to second
+		require.Empty(t, st.released, "the claim asked for one job and the remaining waiter got it")
+
+		// A lone acquiree leaving mid-claim: the claimed job is released.
+		lone := startAcquiree(t, a, d)
+		<-st.entered
+		lone.requireCanceled()
+		st.gate <- struct{}{}
+		synctest.Wait()
+		require.Len(t, st.released, 1)
+		require.NoError(t, a.checkIdle())
+		st.gate = nil
+	})
+}
+
+func TestAcquirerPostingWakesEveryMatchingDomain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		a := newTestAcquirer(t, st)
+		one := startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		two := startAcquiree(t, a, spec(t, []string{"a", "b"}, map[string]string{"x": "1"}))
+		synctest.Wait()
+		st.add("a", nil, 0)
+		st.add("a", nil, 0)
+		a.post(posting{Type: "a"})
+		synctest.Wait()
+		one.success()
+		two.success()
+	})
+}
+
+func TestAcquirerErrorRetriesWithBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		st.errs = []error{errors.New("connection refused"), errors.New("connection refused")}
+		a := newTestAcquirer(t, st)
+		st.add("a", nil, 0)
+		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		synctest.Wait()
+		ta.requireBlocked()
+		require.Equal(t, 1, st.callCount())
+		time.Sleep(10 * time.Second) // well past the capped backoff
+		synctest.Wait()
+		ta.success()
+		require.Equal(t, 3, st.callCount())
+	})
+}
+
+func TestAcquirerWakeAllAfterReconnect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		a := newTestAcquirer(t, st)
+		x := startAcquiree(t, a, spec(t, []string{"x"}, nil))
+		y := startAcquiree(t, a, spec(t, []string{"y"}, map[string]string{"k": "v"}))
+		synctest.Wait()
+		st.add("x", nil, 0)
+		st.add("y", nil, 0)
+		a.wakeAll()
+		synctest.Wait()
+		x.success()
+		y.success()
+	})
+}
+
+func TestAcquirerRunAtTimerWakesDomain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		a := newTestAcquirer(t, st)
+		want := st.add("a", nil, 5*time.Second)
+		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		synctest.Wait()
+		ta.requireBlocked()
+		time.Sleep(4 * time.Second)
+		synctest.Wait()
+		ta.requireBlocked()
+		time.Sleep(1 * time.Second)
+		synctest.Wait()
+		require.Equal(t, want.ID, ta.success().ID)
+		require.Equal(t, 2, st.callCount())
+
+		// A posting for a job due later arms the timer of a parked domain.
+		ta = startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		synctest.Wait()
+		want = st.add("a", nil, 3*time.Second)
+		a.post(posting{Type: "a", In: 3000})
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		require.Equal(t, want.ID, ta.success().ID)
+	})
+}
+
+func TestAcquirerCloseFailsWaiters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), testPoll, time.Second)
+		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		synctest.Wait()
+		a.close()
+		r := <-ta.res
+		require.ErrorIs(t, r.err, ErrClosed)
+		a.close() // idempotent
+		_, err := a.acquire(context.Background(), spec(t, []string{"a"}, nil))
+		require.ErrorIs(t, err, ErrClosed)
+		ta.cancel()
+	})
+}
+
+func TestDomainKeyIsCanonical(t *testing.T) {
+	a := spec(t, []string{"b", "a", "a"}, map[string]string{"y": "2", "x": "1"})
+	b := spec(t, []string{"a", "b"}, map[string]string{"x": "1", "y": "2"})
+	require.Equal(t, a.key, b.key)
+	require.Equal(t, []string{"a", "b"}, a.types)
+	// No two different domains share a key, whatever their strings.
+	c := spec(t, []string{"a=b"}, nil)
+	d := spec(t, []string{"a"}, map[string]string{"b": ""})
+	require.NotEqual(t, c.key, d.key)
+	_, err := newDomainSpec([]string{"a\x00b"}, nil)
+	require.ErrorIs(t, err, ErrInvalid)
+}
