@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// jobHook is called at the start of every handler with the job's sequence
+// number (from its args); nil means a no-op handler.
+type jobHook func(seq int64)
+
+// workSpec says how to run workers for one phase.
+type workSpec struct {
+	domains   int     // 0 or 1: one queue; more: that many job types / queues (idle layout)
+	perDomain int     // workers per domain; 0: the system's default
+	hook      jobHook // nil: no-op handler
+}
+
+// system is one contender: backlog, River (two settings) or the raw-SQL
+// floor. An instance lives for one phase in one fresh schema.
+type system interface {
+	// Open creates the system's own pool and client. No workers run yet.
+	Open(ctx context.Context) error
+	// Migrate creates the system's tables in its schema.
+	Migrate(ctx context.Context) error
+	// BulkInsert inserts n no-op jobs with the system's bulk insert.
+	BulkInsert(ctx context.Context, n int) error
+	// Insert inserts one job carrying seq with the system's single-row insert.
+	Insert(ctx context.Context, seq int64) error
+	// Start starts workers; they run until Stop.
+	Start(ctx context.Context, spec workSpec) error
+	// Stop stops the workers, waiting at most until ctx ends.
+	Stop(ctx context.Context) error
+	// Close closes the client and the pool (waiting at most until ctx ends).
+	Close(ctx context.Context)
+	// Pool is the system's pool (nil before Open).
+	Pool() *pgxpool.Pool
+	// Queries is the number of statements the pool has sent so far.
+	Queries() int64
+	// Tables tells the monitor where the jobs are.
+	Tables() jobTables
+}
+
+// jobTables describes a system's job table for the monitor's queries.
+type jobTables struct {
+	table      string // schema-qualified, quoted
+	readyState string // the state of a job waiting to run
+}
+
+// kind is a column of the table: how to build a system and which workloads
+// it takes part in.
+type kind struct {
+	key       string // for -only
+	label     string // column header
+	note      string // printed under the table
+	workloads map[string]bool
+	new       func(env *benchEnv, schema string) system
+}
+
+func allKinds(cfg *config) []kind {
+	all := map[string]bool{"burndown": true, "steady": true, "latency": true, "idle": true}
+	return []kind{
+		{key: "backlog", label: "backlog default", workloads: all,
+			note: "backlog: backlog.New(ctx, pool, backlog.WithSchema(s)) and Work(ctx, h, backlog.Types(\"bench\")): every other setting at its default (Concurrency 100, LISTEN/NOTIFY, 2 ms notify coalescing).",
+			new:  func(e *benchEnv, s string) system { return newBacklog(e, s) }},
+		{key: "river", label: "River default", workloads: all,
+			note: fmt.Sprintf("River default: one queue with MaxWorkers %d (River requires a number; 100 is the value its docs use), FetchCooldown %s and FetchPollInterval %s (its defaults).", riverDefaultWorkers, 100*time.Millisecond, time.Second),
+			new:  func(e *benchEnv, s string) system { return newRiver(e, s, false) }},
+		{key: "river-tuned", label: "River tuned", workloads: all,
+			note: fmt.Sprintf("River tuned: the settings of River's own benchmark (riverbench): FetchCooldown %s, FetchPollInterval %s, MaxWorkers %d.", riverTunedCooldown, riverTunedPoll, riverTunedWorkers),
+			new:  func(e *benchEnv, s string) system { return newRiver(e, s, true) }},
+		{key: "floor", label: "raw SQL floor", workloads: map[string]bool{"burndown": true},
+			note: fmt.Sprintf("raw SQL floor: backlog's own claim and finish statements (internal/store Claim and Finish, imported from the library) in a bare loop: %d goroutines, each claiming up to %d jobs and completing them with one Finish statement; no acquirer, leases, heartbeat or NOTIFY. Jobs are inserted like backlog's (EnqueueMany).", cfg.floorConns, cfg.floorBatch),
+			new:  func(e *benchEnv, s string) system { return newFloor(e, s) }},
+	}
+}

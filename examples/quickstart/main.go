@@ -1,0 +1,169 @@
+// Command quickstart enqueues a few jobs, works them, and prints what
+// happened. Run it with `make demo` (which finds or starts a PostgreSQL), or
+// `DATABASE_URL=postgres://… go run ./examples/quickstart`.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/backlogq/backlog"
+)
+
+type EmailArgs struct {
+	To      string `json:"to"`
+	Subject string `json:"subject"`
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	// A schema of its own, so the demo never touches real data.
+	const schema = "backlog_quickstart"
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+		return err
+	}
+	defer pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") //nolint:errcheck
+
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	q, err := backlog.New(ctx, pool, backlog.WithSchema(schema), backlog.WithLogger(logger))
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	if err := q.Migrate(ctx); err != nil {
+		return err
+	}
+
+	// Handlers, routed by job type.
+	mux := backlog.NewMux()
+	mux.Handle("email.send", backlog.HandleJSON(func(ctx context.Context, job *backlog.Job, a EmailArgs) error {
+		fmt.Printf("  [worker] attempt %d: sending %q to %s\n", job.Attempt, a.Subject, a.To)
+		return job.SetResult(map[string]string{"message_id": "msg-" + job.ID.String()[28:]})
+	}))
+	mux.HandleFunc("report.render", func(ctx context.Context, job *backlog.Job) error {
+		if job.Attempt == 1 {
+			fmt.Printf("  [worker] attempt %d: rendering report… the printer is on fire, will retry\n", job.Attempt)
+			return errors.New("printer on fire")
+		}
+		fmt.Printf("  [worker] attempt %d: report rendered\n", job.Attempt)
+		return nil
+	}, backlog.RetryBackoff(backlog.Backoff{Initial: 200 * time.Millisecond}))
+	mux.HandleFunc("invoice.charge", func(ctx context.Context, job *backlog.Job) error {
+		fmt.Printf("  [worker] attempt %d: card declined, no point retrying\n", job.Attempt)
+		return backlog.Permanent(errors.New("card declined"))
+	})
+
+	// Enqueue: one at a time, in a transaction of our own, and in bulk.
+	var ids []uuid.UUID
+	id, err := q.Enqueue(ctx, "email.send", EmailArgs{To: "ada@example.com", Subject: "Welcome"})
+	if err != nil {
+		return err
+	}
+	ids = append(ids, id)
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// The job exists only if this transaction commits.
+		id, err := q.EnqueueTx(ctx, tx, "invoice.charge", map[string]int{"cents": 4200}, backlog.MaxAttempts(3))
+		ids = append(ids, id)
+		return err
+	}); err != nil {
+		return err
+	}
+	more, err := q.EnqueueMany(ctx, []backlog.JobSpec{
+		{Type: "report.render", Args: map[string]string{"month": "2026-10"}},
+		{Type: "email.send", Args: EmailArgs{To: "grace@example.com", Subject: "Your report"},
+			Options: []backlog.EnqueueOption{backlog.Delay(300 * time.Millisecond)}},
+	})
+	if err != nil {
+		return err
+	}
+	ids = append(ids, more...)
+	fmt.Printf("enqueued %d jobs\n", len(ids))
+
+	// Work until every job has finished, then stop the workers.
+	workCtx, stopWork := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- q.Work(workCtx, mux, backlog.Concurrency(4)) }()
+	if err := waitAll(ctx, q, ids); err != nil {
+		stopWork()
+		<-done
+		return err
+	}
+	stopWork()
+	if err := <-done; err != nil {
+		return err
+	}
+
+	fmt.Println("\nfinal states:")
+	for _, id := range ids {
+		info, err := q.Job(ctx, id)
+		if err != nil {
+			return err
+		}
+		line := fmt.Sprintf("  %-15s %-10s attempts=%d", info.Type, info.State, info.Attempt)
+		if len(info.Result) > 0 {
+			line += " result=" + string(info.Result)
+		}
+		if info.LastError != "" {
+			line += fmt.Sprintf(" last_error=%q", info.LastError)
+		}
+		fmt.Println(line)
+	}
+	return nil
+}
+
+// waitAll polls until every job is in a terminal state.
+func waitAll(ctx context.Context, q *backlog.Queue, ids []uuid.UUID) error {
+	deadline := time.After(30 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		pending := 0
+		for _, id := range ids {
+			info, err := q.Job(ctx, id)
+			if err != nil {
+				return err
+			}
+			if !info.State.Terminal() {
+				pending++
+			}
+		}
+		if pending == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline:
+			return fmt.Errorf("%d jobs still unfinished after 30s", pending)
+		case <-tick.C:
+		}
+	}
+}
