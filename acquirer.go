@@ -22,12 +22,16 @@ type acquirerStore interface {
 	release(jobs []*Job)
 }
 
-// posting announces that jobs of a type and tags became available, now or
-// after In.
+// posting is the payload of a NOTIFY on the schema's channel. Most announce
+// that jobs of a type and tags became available, now or after In; Cancel
+// asks the worker holding a job to stop it; Done tells waiters a job has
+// finished.
 type posting struct {
-	Type string            `json:"type"`
-	Tags map[string]string `json:"tags,omitempty"`
-	In   int64             `json:"in,omitempty"` // milliseconds until due; 0: due now
+	Type   string            `json:"type,omitempty"`
+	Tags   map[string]string `json:"tags,omitempty"`
+	In     int64             `json:"in,omitempty"` // milliseconds until due; 0: due now
+	Cancel string            `json:"cancel,omitempty"`
+	Done   string            `json:"done,omitempty"`
 }
 
 // acquirer hands claimed jobs to workers ("acquirees").

@@ -95,31 +95,41 @@ func (c *completer) write(ctx context.Context, batch []finishReq) {
 
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, c.giveUp
-	var written map[uuid.UUID]bool
+	written := make(map[uuid.UUID]store.Finished, len(fs))
+	pending := fs
 	err := backoff.Retry(func() error {
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		ok, err := c.store.Finish(wctx, fs, payloads)
+		sent, err := c.writeOnce(wctx, pending, payloads, written)
+		if sent {
+			payloads = nil
+		}
 		if err != nil {
+			// Only what did not land is tried again.
+			rest := pending[:0:0]
+			for _, f := range pending {
+				if _, ok := written[f.ID]; !ok {
+					rest = append(rest, f)
+				}
+			}
+			pending = rest
 			if ctx.Err() != nil {
 				return backoff.Permanent(err)
 			}
-			c.log.Warn("backlog: recording job outcomes failed; retrying", "jobs", len(fs), "err", err)
-			return err
+			c.log.Warn("backlog: recording job outcomes failed; retrying", "jobs", len(pending), "err", err)
 		}
-		written = ok
-		return nil
+		return err
 	}, backoff.WithContext(b, ctx))
 	if err != nil {
 		// The leases expire and the sweep makes these jobs available again.
-		c.log.Error("backlog: giving up recording job outcomes; their leases will expire", "jobs", len(fs), "err", err)
+		c.log.Error("backlog: giving up recording job outcomes; their leases will expire", "jobs", len(pending), "err", err)
 	}
 	for _, r := range batch {
-		ok := written[r.f.ID]
+		_, ok := written[r.f.ID]
 		if !ok && err == nil {
 			c.log.Warn("backlog: outcome refused: lease lost", "job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
 		}
-		c.leases.remove(r.f.ID)
+		c.leases.remove(r.f.ID, r.f.Token)
 		if r.done != nil {
 			r.done(ok)
 		}
@@ -127,4 +137,47 @@ func (c *completer) write(ctx context.Context, batch []finishReq) {
 	if err == nil && len(again) > 0 && c.post != nil {
 		c.post(again)
 	}
+}
+
+// writeOnce writes a batch: one statement for jobs without dependents (the
+// common case); jobs it refused because they have dependents are then
+// written in a transaction that also releases their dependents. Writes that
+// took effect are added to written; sent reports whether the payloads went
+// out with a committed statement.
+func (c *completer) writeOnce(ctx context.Context, fs []store.Finish, payloads []string, written map[uuid.UUID]store.Finished) (sent bool, err error) {
+	got, err := c.store.Finish(ctx, c.store.Pool, fs, payloads, false)
+	if err != nil {
+		return false, err
+	}
+	for id, f := range got {
+		written[id] = f
+	}
+	if len(got) == len(fs) {
+		return true, nil
+	}
+	var ids, tokens []uuid.UUID
+	for _, f := range fs {
+		if _, ok := got[f.ID]; !ok {
+			ids, tokens = append(ids, f.ID), append(tokens, f.Token)
+		}
+	}
+	withDeps, err := c.store.RefusedForDependents(ctx, ids, tokens)
+	if err != nil || len(withDeps) == 0 {
+		return true, err
+	}
+	want := make(map[uuid.UUID]bool, len(withDeps))
+	for _, id := range withDeps {
+		want[id] = true
+	}
+	var again []store.Finish
+	for _, f := range fs {
+		if want[f.ID] {
+			again = append(again, f)
+		}
+	}
+	more, err := c.store.FinishWithDependents(ctx, again, nil)
+	for id, f := range more {
+		written[id] = f
+	}
+	return true, err
 }

@@ -3,8 +3,11 @@ package backlog
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -64,39 +67,52 @@ func (q *Queue) EnqueueManyTx(ctx context.Context, tx pgx.Tx, specs []JobSpec) (
 	return q.enqueue(ctx, tx, specs)
 }
 
+// Inserted reports one job of InsertMany.
+type Inserted struct {
+	ID uuid.UUID
+	// Duplicate is set when the job had a UniqueKey and a live job with the
+	// same key existed: ID is that job's, and nothing was inserted.
+	Duplicate bool
+}
+
+// InsertMany is EnqueueMany (tx nil) or EnqueueManyTx that also reports
+// which unique jobs were duplicates.
+func (q *Queue) InsertMany(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]Inserted, error) {
+	return q.insert(ctx, tx, specs)
+}
+
 func (q *Queue) enqueue(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]uuid.UUID, error) {
+	res, err := q.insert(ctx, tx, specs)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]uuid.UUID, len(res))
+	for i, r := range res {
+		ids[i] = r.ID
+	}
+	return ids, nil
+}
+
+func (q *Queue) insert(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]Inserted, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
 	if len(specs) == 0 {
 		return nil, invalid("jobs", "no jobs given")
 	}
-	rows := make([]store.NewJob, len(specs))
-	ids := make([]uuid.UUID, len(specs))
+	jobs, graph, err := buildBatch(specs)
+	if err != nil {
+		return nil, err
+	}
+	if graph {
+		return q.insertGraph(ctx, tx, jobs)
+	}
+	rows := make([]store.NewJob, len(jobs))
+	out := make([]Inserted, len(jobs))
 	posts := make([]posting, 0, 1)
-	seen := make(map[uuid.UUID]bool, len(specs))
-	for i, s := range specs {
-		r, err := buildJob(s)
-		if err != nil {
-			if len(specs) > 1 {
-				return nil, fmt.Errorf("job %d: %w", i, err)
-			}
-			return nil, err
-		}
-		if seen[r.ID] {
-			return nil, fmt.Errorf("job %d: %w", i, invalid("id", "%s appears twice in the batch", r.ID))
-		}
-		seen[r.ID] = true
-		rows[i], ids[i] = r, r.ID
-		p := posting{Type: r.Type, In: r.Delay.Milliseconds()}
-		if r.RunAt != nil {
-			p.In = time.Until(*r.RunAt).Milliseconds()
-		}
-		p.In = max(p.In, 0)
-		if len(specs[i].Options) > 0 {
-			_ = json.Unmarshal(r.Tags, &p.Tags)
-		}
-		posts = append(posts, p)
+	for i, j := range jobs {
+		rows[i], out[i] = j.NewJob, Inserted{ID: j.ID}
+		posts = append(posts, postingOf(j.Type, j.Tags, j.Delay, j.RunAt))
 	}
 	posts = dedupePostings(posts)
 
@@ -116,13 +132,78 @@ func (q *Queue) enqueue(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]uuid
 	if err := q.store.Insert(ctx, db, rows, encodePostings(now)); err != nil {
 		return nil, fmt.Errorf("enqueueing %d job(s): %w", len(rows), err)
 	}
+	q.afterCommit(tx, posts, held)
+	return out, nil
+}
+
+// insertGraph inserts jobs with dependencies, ordering keys or unique keys
+// in one transaction: the caller's, or one of its own.
+func (q *Queue) insertGraph(ctx context.Context, tx pgx.Tx, jobs []store.GraphJob) ([]Inserted, error) {
+	var out []Inserted
+	var posts, held []posting
+	callerTx := tx
+	run := func(tx pgx.Tx) error {
+		res, err := q.store.InsertGraph(ctx, tx, jobs)
+		if errors.Is(err, store.ErrUnknownPrerequisites) {
+			return invalid("depends on", "%v", err)
+		}
+		if err != nil {
+			return fmt.Errorf("enqueueing %d job(s): %w", len(jobs), err)
+		}
+		out, posts = make([]Inserted, len(res)), nil
+		for i, r := range res {
+			out[i] = Inserted{ID: r.ID, Duplicate: r.Duplicate}
+			if !r.Duplicate && r.State == string(StateAvailable) {
+				posts = append(posts, postingOf(r.Type, r.Tags, r.Delay, r.RunAt))
+			}
+		}
+		posts = dedupePostings(posts)
+		var now []posting
+		switch {
+		case q.cfg.pollOnly:
+		case callerTx != nil:
+			now = posts
+		default:
+			now, held = q.notif.take(posts)
+		}
+		return q.store.NotifyTx(ctx, tx, encodePostings(now))
+	}
+	var err error
+	if tx != nil {
+		err = run(tx)
+	} else {
+		err = pgx.BeginFunc(ctx, q.pool, run)
+	}
+	if err != nil {
+		return nil, err
+	}
+	q.afterCommit(tx, posts, held)
+	return out, nil
+}
+
+// afterCommit wakes workers once jobs inserted outside a caller's
+// transaction are committed: locally in poll-only mode, else through the
+// coalescer's trailing posting.
+func (q *Queue) afterCommit(tx pgx.Tx, posts, held []posting) {
 	switch {
-	case q.cfg.pollOnly && tx == nil:
+	case tx != nil:
+	case q.cfg.pollOnly:
 		q.postLocal(posts)
-	case tx == nil:
+	default:
 		q.notif.hold(held)
 	}
-	return ids, nil
+}
+
+func postingOf(typ string, tags []byte, delay time.Duration, runAt *time.Time) posting {
+	p := posting{Type: typ, In: delay.Milliseconds()}
+	if runAt != nil {
+		p.In = time.Until(*runAt).Milliseconds()
+	}
+	p.In = max(p.In, 0)
+	if len(tags) > 2 { // not "{}"
+		_ = json.Unmarshal(tags, &p.Tags)
+	}
+	return p
 }
 
 // dedupePostings keeps the earliest posting per (type, tags).
@@ -150,36 +231,146 @@ func (q *Queue) isClosed() bool {
 	return q.closed
 }
 
+// buildBatch validates specs and turns them into rows; graph reports
+// whether any job uses dependencies, ordering or unique keys.
+func buildBatch(specs []JobSpec) ([]store.GraphJob, bool, error) {
+	jobs := make([]store.GraphJob, len(specs))
+	index := make(map[uuid.UUID]int, len(specs))
+	graph := false
+	wrap := func(i int, err error) error {
+		if len(specs) > 1 {
+			return fmt.Errorf("job %d: %w", i, err)
+		}
+		return err
+	}
+	for i, s := range specs {
+		j, err := buildJob(s)
+		if err != nil {
+			return nil, false, wrap(i, err)
+		}
+		if _, dup := index[j.ID]; dup {
+			return nil, false, wrap(i, invalid("id", "%s appears twice in the batch", j.ID))
+		}
+		index[j.ID] = i
+		jobs[i] = j
+		graph = graph || len(j.DependsOn) > 0 || j.OrderingKey != "" || j.UniqueKey != ""
+	}
+	if !graph {
+		return jobs, false, nil
+	}
+	// A unique job may be a duplicate and then is not inserted: no other
+	// member of the batch may wait for it.
+	lastOfKey := map[string]int{}
+	for i, j := range jobs {
+		for _, d := range j.DependsOn {
+			if d == j.ID {
+				return nil, false, wrap(i, invalid("depends on", "job %s depends on itself", d))
+			}
+			if bi, ok := index[d]; ok && jobs[bi].UniqueKey != "" {
+				return nil, false, wrap(i, invalid("depends on", "job %s has a unique key; batch members cannot depend on it", d))
+			}
+		}
+		if k := j.OrderingKey; k != "" {
+			if p, ok := lastOfKey[k]; ok && jobs[p].UniqueKey != "" {
+				return nil, false, wrap(i, invalid("ordering key", "job %s has a unique key; no later batch member may share its ordering key", jobs[p].ID))
+			}
+			lastOfKey[k] = i
+		}
+	}
+	if cyc := findCycle(jobs, index); cyc != nil {
+		return nil, false, invalid("depends on", "the batch has a dependency cycle: %v", cyc)
+	}
+	return jobs, true, nil
+}
+
+// findCycle returns the IDs of a dependency cycle among batch members, or
+// nil.
+func findCycle(jobs []store.GraphJob, index map[uuid.UUID]int) []uuid.UUID {
+	state := make([]uint8, len(jobs)) // 0 new, 1 on the stack, 2 done
+	var stack []uuid.UUID
+	var cycle []uuid.UUID
+	var visit func(i int) bool
+	visit = func(i int) bool {
+		state[i] = 1
+		stack = append(stack, jobs[i].ID)
+		for _, d := range jobs[i].DependsOn {
+			bi, ok := index[d]
+			if !ok {
+				continue
+			}
+			if state[bi] == 1 {
+				for k, id := range stack {
+					if id == d {
+						cycle = append(append([]uuid.UUID(nil), stack[k:]...), d)
+						return true
+					}
+				}
+			}
+			if state[bi] == 0 && visit(bi) {
+				return true
+			}
+		}
+		stack = stack[:len(stack)-1]
+		state[i] = 2
+		return false
+	}
+	for i := range jobs {
+		if state[i] == 0 && visit(i) {
+			return cycle
+		}
+	}
+	return nil
+}
+
 // buildJob validates one spec and turns it into a row.
-func buildJob(s JobSpec) (store.NewJob, error) {
+func buildJob(s JobSpec) (store.GraphJob, error) {
 	if err := validateType(s.Type); err != nil {
-		return store.NewJob{}, err
+		return store.GraphJob{}, err
 	}
 	c := enqueueConfig{priority: DefaultPriority, maxAttempts: DefaultMaxAttempts}
 	for _, o := range s.Options {
 		if o == nil {
-			return store.NewJob{}, invalid("options", "nil option")
+			return store.GraphJob{}, invalid("options", "nil option")
 		}
 		o.applyEnqueue(&c)
 	}
 	args, err := encodeArgs(s.Args)
 	if err != nil {
-		return store.NewJob{}, err
+		return store.GraphJob{}, err
 	}
 	if err := validateTags("tags", c.tags); err != nil {
-		return store.NewJob{}, err
+		return store.GraphJob{}, err
 	}
 	switch {
 	case c.priority < MinPriority || c.priority > MaxPriority:
-		return store.NewJob{}, invalid("priority", "%d is outside [%d, %d]", c.priority, MinPriority, MaxPriority)
+		return store.GraphJob{}, invalid("priority", "%d is outside [%d, %d]", c.priority, MinPriority, MaxPriority)
 	case c.maxAttempts < 1:
-		return store.NewJob{}, invalid("max attempts", "must be at least 1, got %d", c.maxAttempts)
+		return store.GraphJob{}, invalid("max attempts", "must be at least 1, got %d", c.maxAttempts)
 	case c.delay < 0:
-		return store.NewJob{}, invalid("delay", "must not be negative, got %s", c.delay)
+		return store.GraphJob{}, invalid("delay", "must not be negative, got %s", c.delay)
 	case c.timeout < 0:
-		return store.NewJob{}, invalid("timeout", "must not be negative, got %s", c.timeout)
+		return store.GraphJob{}, invalid("timeout", "must not be negative, got %s", c.timeout)
 	case c.runAt != nil && c.runAt.IsZero():
-		return store.NewJob{}, invalid("run at", "zero time")
+		return store.GraphJob{}, invalid("run at", "zero time")
+	case len(c.dependsOn) > MaxDependsOn:
+		return store.GraphJob{}, invalid("depends on", "%d prerequisites exceeds the limit of %d", len(c.dependsOn), MaxDependsOn)
+	}
+	if err := validateKey("ordering key", c.orderingKey); err != nil {
+		return store.GraphJob{}, err
+	}
+	if err := validateKey("unique key", c.uniqueKey); err != nil {
+		return store.GraphJob{}, err
+	}
+	var deps []uuid.UUID
+	seen := map[uuid.UUID]bool{}
+	for _, d := range c.dependsOn {
+		if d == uuid.Nil {
+			return store.GraphJob{}, invalid("depends on", "nil job ID")
+		}
+		if !seen[d] {
+			seen[d] = true
+			deps = append(deps, d)
+		}
 	}
 	tags := json.RawMessage(`{}`)
 	if len(c.tags) > 0 {
@@ -189,8 +380,24 @@ func buildJob(s JobSpec) (store.NewJob, error) {
 	if id == uuid.Nil {
 		id = NewID()
 	}
-	return store.NewJob{ID: id, Type: s.Type, Args: args, Tags: tags, Priority: int16(c.priority), RunAt: c.runAt,
-		Delay: c.delay, MaxAttempts: int32(c.maxAttempts), Timeout: c.timeout}, nil
+	return store.GraphJob{
+		NewJob: store.NewJob{ID: id, Type: s.Type, Args: args, Tags: tags, Priority: int16(c.priority), RunAt: c.runAt,
+			Delay: c.delay, MaxAttempts: int32(c.maxAttempts), Timeout: c.timeout},
+		DependsOn: deps, OrderingKey: c.orderingKey, UniqueKey: c.uniqueKey,
+	}, nil
+}
+
+// validateKey checks an ordering or unique key ("" means none).
+func validateKey(field, k string) error {
+	switch {
+	case len(k) > MaxKeyBytes:
+		return invalid(field, "%d bytes exceeds the %d-byte limit", len(k), MaxKeyBytes)
+	case strings.IndexByte(k, 0) >= 0:
+		return invalid(field, "%q contains a NUL byte", k)
+	case !utf8.ValidString(k):
+		return invalid(field, "%q is not valid UTF-8", k)
+	}
+	return nil
 }
 
 // encodeArgs turns args into JSON text: raw JSON is validated, anything else

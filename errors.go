@@ -25,6 +25,10 @@ var (
 	// is stopping and the grace period has run out.
 	ErrShutdown = errors.New("backlog: worker shutting down")
 
+	// ErrCancelled is the cause of a handler context's cancellation when the
+	// job was cancelled with Queue.Cancel.
+	ErrCancelled = errors.New("backlog: job cancelled")
+
 	// ErrJobTimeout is the cause of a handler context's cancellation when the
 	// job's timeout passed.
 	ErrJobTimeout = errors.New("backlog: job timeout")

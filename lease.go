@@ -40,7 +40,9 @@ type lease struct {
 	// than deadline + margin.
 	deadline time.Time
 	cancel   context.CancelCauseFunc // set once the handler runs
-	lost     error                   // why the lease is gone, once it is
+	lost     bool                    // the lease is gone: no write will be accepted
+	done     bool                    // the outcome is queued for the completer
+	stop     error                   // why the handler must stop (ErrLeaseLost, ErrCancelled), once it must
 }
 
 func newLeases(st *store.Store, log *slog.Logger, d time.Duration) *leases {
@@ -56,47 +58,66 @@ func (l *leases) add(jobs []*Job, sentAt time.Time) {
 	}
 }
 
-// start attaches the handler's cancel function. It returns the reason when
-// the lease was lost before the handler could start.
-func (l *leases) start(id uuid.UUID, cancel context.CancelCauseFunc) error {
+// start attaches the handler's cancel function. It returns why the
+// handler must not run when that was decided before it started.
+func (l *leases) start(id, token uuid.UUID, cancel context.CancelCauseFunc) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	le := l.held[id]
-	if le == nil {
+	if le == nil || le.token != token {
 		return ErrLeaseLost
 	}
-	if le.lost != nil {
-		return le.lost
+	if le.stop != nil {
+		return le.stop
 	}
 	le.cancel = cancel
 	return nil
 }
 
-// lostErr reports why the lease of id was lost, or nil while it is held.
-func (l *leases) lostErr(id uuid.UUID) error {
+// finishing notes that the attempt's outcome has been handed to the
+// completer: from now on a renewal that misses the row most likely means the
+// outcome was just written, which is no reason to warn.
+func (l *leases) finishing(id, token uuid.UUID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if le := l.held[id]; le != nil {
-		return le.lost
+	if le := l.held[id]; le != nil && le.token == token {
+		le.done = true
 	}
-	return ErrLeaseLost
 }
 
-// remove forgets a lease once its finish was written (or refused).
-func (l *leases) remove(id uuid.UUID) {
+// isLost reports whether the lease of one attempt is gone.
+func (l *leases) isLost(id, token uuid.UUID) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.held, id)
+	le := l.held[id]
+	return le == nil || le.token != token || le.lost
 }
 
-func (l *leases) loseLocked(le *lease, cause error) {
-	if le.lost != nil {
+// remove forgets the lease of one attempt once its finish was written (or
+// refused). The job may already be held again under a newer token (a fast
+// retry): that lease stays.
+func (l *leases) remove(id, token uuid.UUID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if le := l.held[id]; le != nil && le.token == token {
+		delete(l.held, id)
+	}
+}
+
+// stopLocked cancels the handler with cause (the first cause wins).
+func (l *leases) stopLocked(le *lease, cause error) {
+	if le.stop != nil {
 		return
 	}
-	le.lost = cause
+	le.stop = cause
 	if le.cancel != nil {
 		le.cancel(cause)
 	}
+}
+
+func (l *leases) loseLocked(le *lease) {
+	le.lost = true
+	l.stopLocked(le, ErrLeaseLost)
 }
 
 // heartbeat renews every held lease in one statement. Leases the database no
@@ -110,7 +131,7 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 	ids := make([]uuid.UUID, 0, len(l.held))
 	tokens := make([]uuid.UUID, 0, len(l.held))
 	for _, le := range l.held {
-		if le.lost == nil {
+		if !le.lost {
 			ids = append(ids, le.id)
 			tokens = append(tokens, le.token)
 		}
@@ -135,12 +156,17 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 				still[e.ID] = true
 				if le := l.held[e.ID]; le != nil {
 					le.deadline = sentAt.Add(l.duration - l.margin)
+					if e.CancelRequested {
+						l.stopLocked(le, ErrCancelled)
+					}
 				}
 			}
 			for i, id := range ids {
 				if le := l.held[id]; le != nil && le.token == tokens[i] && !still[id] {
-					l.log.Warn("backlog: lease lost", "job", id)
-					l.loseLocked(le, ErrLeaseLost)
+					if !le.done {
+						l.log.Warn("backlog: lease lost", "job", id)
+					}
+					l.loseLocked(le)
 				}
 			}
 		}
@@ -150,14 +176,24 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 	return ok
 }
 
+// cancel stops the handler of a job cancelled with Queue.Cancel, if this
+// process holds it. The lease stays held, so the outcome is still written.
+func (l *leases) cancel(id uuid.UUID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if le := l.held[id]; le != nil {
+		l.stopLocked(le, ErrCancelled)
+	}
+}
+
 // expire loses every lease whose local deadline has passed.
 func (l *leases) expire(now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, le := range l.held {
-		if le.lost == nil && now.After(le.deadline) {
+		if !le.lost && now.After(le.deadline) {
 			l.log.Warn("backlog: lease could not be renewed in time; cancelling the handler", "job", le.id)
-			l.loseLocked(le, ErrLeaseLost)
+			l.loseLocked(le)
 		}
 	}
 }

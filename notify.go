@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -159,11 +160,13 @@ func (c *coalescer) close() {
 // backoff when the connection fails. While it is down, domains fall back to
 // their backup polls and run_at timers.
 type listener struct {
-	connect func(context.Context) (*pgx.Conn, error)
-	channel string
-	acq     *acquirer
-	log     *slog.Logger
-	idle    time.Duration // ping the connection after this long without a posting
+	connect  func(context.Context) (*pgx.Conn, error)
+	channel  string
+	acq      *acquirer
+	onCancel func(id uuid.UUID) // a Cancel posting for a job
+	onDone   func(id uuid.UUID) // a Done posting for a job
+	log      *slog.Logger
+	idle     time.Duration // ping the connection after this long without a posting
 
 }
 
@@ -217,11 +220,30 @@ func (l *listener) session(ctx context.Context, b backoff.BackOff) error {
 			}
 			return err
 		}
-		var p posting
-		if err := json.Unmarshal([]byte(n.Payload), &p); err != nil || p.Type == "" {
-			l.log.Warn("backlog: ignoring malformed posting", "payload", n.Payload, "err", err)
-			continue
-		}
-		l.acq.post(p)
+		l.dispatch(n.Payload)
 	}
+}
+
+func (l *listener) dispatch(payload string) {
+	var p posting
+	err := json.Unmarshal([]byte(payload), &p)
+	switch {
+	case err != nil:
+	case p.Cancel != "":
+		var id uuid.UUID
+		if id, err = uuid.Parse(p.Cancel); err == nil {
+			l.onCancel(id)
+			return
+		}
+	case p.Done != "":
+		var id uuid.UUID
+		if id, err = uuid.Parse(p.Done); err == nil {
+			l.onDone(id)
+			return
+		}
+	case p.Type != "":
+		l.acq.post(p)
+		return
+	}
+	l.log.Warn("backlog: ignoring malformed posting", "payload", payload, "err", err)
 }

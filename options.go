@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -31,6 +32,8 @@ const (
 	maxResultBytes = 64 << 10
 	MinPriority    = 0   // runs first
 	MaxPriority    = 100 // runs last
+	MaxKeyBytes    = 255 // length of an ordering or unique key
+	MaxDependsOn   = 1000
 )
 
 // MaxResultBytes is the largest JSON result a job may store.
@@ -139,6 +142,9 @@ type enqueueConfig struct {
 	delay       time.Duration
 	maxAttempts int
 	timeout     time.Duration
+	dependsOn   []uuid.UUID
+	orderingKey string
+	uniqueKey   string
 }
 
 type enqueueFunc func(*enqueueConfig)
@@ -185,6 +191,33 @@ func MaxAttempts(n int) EnqueueOption {
 // not be negative; 0 means no timeout. Defaults to 0.
 func Timeout(d time.Duration) EnqueueOption {
 	return enqueueFunc(func(c *enqueueConfig) { c.timeout = d })
+}
+
+// DependsOn keeps the job blocked until every listed job has completed; it
+// then becomes available. If one of them fails or is cancelled, this job is
+// cancelled (with a reason naming it), and so are its own dependents. The
+// IDs may name earlier jobs or members of the same EnqueueMany batch (set
+// JobSpec.ID). Unknown IDs and cycles are rejected and nothing is written.
+// Defaults to none.
+func DependsOn(ids ...uuid.UUID) EnqueueOption {
+	return enqueueFunc(func(c *enqueueConfig) { c.dependsOn = append(c.dependsOn, ids...) })
+}
+
+// OrderingKey makes jobs with the same key run one at a time, in enqueue
+// order: a job waits until its predecessor with the key has completed,
+// failed or been cancelled (a retrying predecessor keeps it waiting).
+// Different keys never wait for each other. At most 255 bytes, no NUL.
+// Defaults to none.
+func OrderingKey(key string) EnqueueOption {
+	return enqueueFunc(func(c *enqueueConfig) { c.orderingKey = key })
+}
+
+// UniqueKey allows at most one live (blocked, available or running) job
+// with the key: enqueueing another returns the existing job's ID, and
+// InsertMany reports it as a duplicate. Once the job has finished the key
+// is free again. At most 255 bytes, no NUL. Defaults to none.
+func UniqueKey(key string) EnqueueOption {
+	return enqueueFunc(func(c *enqueueConfig) { c.uniqueKey = key })
 }
 
 // WorkOption configures one Work call. Concurrency, WorkerTags, Types,

@@ -66,6 +66,7 @@ type Queue struct {
 	bg       sync.WaitGroup // heartbeat, sweeper, listener
 	compDone chan struct{}
 	compStop context.CancelFunc
+	waiters  waiters
 }
 
 // New returns a Queue over pool. It validates the options and starts
@@ -171,8 +172,6 @@ func (q *Queue) startLocked() {
 		localPost = q.postLocal
 	}
 	q.comp = newCompleter(q.store, q.leases, q.log, localPost, q.cfg.lease)
-	q.acq = newAcquirer(q, q.log, q.cfg.pollInterval, q.cfg.pollJitter)
-
 	compCtx, compStop := context.WithCancel(context.Background())
 	q.compStop, q.compDone = compStop, make(chan struct{})
 	go func() {
@@ -181,20 +180,40 @@ func (q *Queue) startLocked() {
 	}()
 	q.bg.Go(func() { q.leases.run(q.bgCtx) })
 	q.bg.Go(func() { q.sweepLoop(q.bgCtx) })
-	if !q.cfg.pollOnly {
-		connect := q.cfg.listenConn
-		if connect == nil {
-			connect = func(ctx context.Context) (*pgx.Conn, error) {
-				c, err := q.pool.Acquire(ctx)
-				if err != nil {
-					return nil, err
-				}
-				return c.Hijack(), nil
-			}
-		}
-		q.listen = &listener{connect: connect, channel: q.store.Channel, acq: q.acq, log: q.log, idle: 30 * time.Second}
-		q.bg.Go(func() { q.listen.run(q.bgCtx) })
+	q.startListenerLocked()
+}
+
+// startListenerLocked creates the acquirer and, unless in poll-only mode,
+// starts the listener, once. Work and Wait need them.
+func (q *Queue) startListenerLocked() {
+	if q.acq != nil {
+		return
 	}
+	q.acq = newAcquirer(q, q.log, q.cfg.pollInterval, q.cfg.pollJitter)
+	if q.cfg.pollOnly {
+		return
+	}
+	connect := q.cfg.listenConn
+	if connect == nil {
+		connect = func(ctx context.Context) (*pgx.Conn, error) {
+			c, err := q.pool.Acquire(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return c.Hijack(), nil
+		}
+	}
+	q.listen = &listener{connect: connect, channel: q.store.Channel, acq: q.acq, log: q.log, idle: 30 * time.Second,
+		onDone: q.waiters.wake,
+		onCancel: func(id uuid.UUID) {
+			q.mu.Lock()
+			ls := q.leases
+			q.mu.Unlock()
+			if ls != nil {
+				ls.cancel(id)
+			}
+		}}
+	q.bg.Go(func() { q.listen.run(q.bgCtx) })
 }
 
 // claim implements acquirerStore: it runs the claim statement and registers
@@ -301,10 +320,12 @@ func (q *Queue) Close() error {
 	q.works.Wait()
 	q.notif.close()
 	q.mu.Lock()
-	started := q.started
+	started, acq := q.started, q.acq
 	q.mu.Unlock()
+	if acq != nil {
+		acq.close()
+	}
 	if started {
-		q.acq.close()
 		q.compStop()
 		<-q.compDone
 	}

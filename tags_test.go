@@ -64,7 +64,7 @@ func TestTagMatchingTable(t *testing.T) {
 		typ := fmt.Sprintf("tag.case.%d", i)
 		r, err := buildJob(JobSpec{Type: typ, Options: []EnqueueOption{Tags(c.job)}})
 		require.NoError(t, err, c.name)
-		require.NoError(t, st.Insert(ctx, pool, []store.NewJob{r}, nil), c.name)
+		require.NoError(t, st.Insert(ctx, pool, []store.NewJob{r.NewJob}, nil), c.name)
 
 		d, err := newDomainSpec([]string{typ}, c.worker)
 		require.NoError(t, err, c.name)
@@ -87,7 +87,7 @@ func TestTagMatchingTable(t *testing.T) {
 	for i, p := range []int{5, 1, 3} {
 		r, err := buildJob(JobSpec{Type: fmt.Sprintf("multi.%d", i), Options: []EnqueueOption{Priority(p)}})
 		require.NoError(t, err)
-		require.NoError(t, st.Insert(ctx, pool, []store.NewJob{r}, nil))
+		require.NoError(t, st.Insert(ctx, pool, []store.NewJob{r.NewJob}, nil))
 		ids = append(ids, r.ID.String())
 	}
 	d, err := newDomainSpec([]string{"multi.0", "multi.1", "multi.2"}, nil)

@@ -129,8 +129,12 @@ type worker struct {
 func (w *worker) run(job *Job) {
 	ctx, cancel := context.WithCancelCause(w.hard)
 	defer cancel(nil)
-	if err := w.q.leases.start(job.ID, cancel); err != nil {
-		w.q.leases.remove(job.ID)
+	if err := w.q.leases.start(job.ID, job.token, cancel); err != nil {
+		if errors.Is(err, ErrCancelled) {
+			w.submit(job, store.Finish{ID: job.ID, Token: job.token, State: string(StateCancelled), Err: errText(err)})
+			return
+		}
+		w.q.leases.remove(job.ID, job.token)
 		w.q.log.Warn("backlog: lease lost before the job started", "job", job.ID, "type", job.Type)
 		return
 	}
@@ -142,14 +146,18 @@ func (w *worker) run(job *Job) {
 	err := callHandler(ctx, w.h, job)
 	cause := context.Cause(ctx)
 
-	if lost := w.q.leases.lostErr(job.ID); lost != nil {
+	if w.q.leases.isLost(job.ID, job.token) {
 		// Someone else may hold the job now; any write would be refused.
-		w.q.leases.remove(job.ID)
+		w.q.leases.remove(job.ID, job.token)
 		w.q.log.Warn("backlog: job finished after its lease was lost; outcome dropped",
 			"job", job.ID, "type", job.Type, "attempt", job.Attempt, "err", err)
 		return
 	}
-	f := w.outcome(job, err, cause)
+	w.submit(job, w.outcome(job, err, cause))
+}
+
+func (w *worker) submit(job *Job, f store.Finish) {
+	w.q.leases.finishing(job.ID, job.token)
 	w.finishes.Add(1)
 	w.q.comp.submit(finishReq{f: f, job: job, done: func(bool) { w.finishes.Done() }})
 }
@@ -166,6 +174,8 @@ func (w *worker) outcome(job *Job, err, cause error) store.Finish {
 			return f
 		}
 		f.State, f.Result = string(StateCompleted), res
+	case errors.Is(cause, ErrCancelled):
+		f.State, f.Err = string(StateCancelled), errText(fmt.Errorf("%w: %w", ErrCancelled, err))
 	case errors.Is(cause, ErrShutdown):
 		f.State, f.AttemptDelta = string(StateAvailable), -1
 	case errors.As(err, &snooze):

@@ -46,7 +46,8 @@ type Store struct {
 
 	jobs string // quoted, schema-qualified jobs table
 
-	insertSQL, claimOneSQL, claimManySQL, finishSQL, extendSQL, sweepSQL, getSQL, notifySQL string
+	insertSQL, claimOneSQL, claimManySQL, finishSQL, refusedSQL, extendSQL, sweepSQL, getSQL, notifySQL string
+	graph                                                                                               graphSQL
 }
 
 // ChannelName is the NOTIFY channel used for a schema.
@@ -113,25 +114,35 @@ SELECT c.*, n.next_ms FROM (
 		ORDER BY priority, run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) c
 	ORDER BY c.priority, c.run_at, c.id LIMIT $3`)
 
+	// The finish. Fenced by id, lease token and state; a cancel request
+	// turns a retry into cancelled. Without $10, rows of jobs with
+	// dependents are refused: those finish in a transaction that also
+	// releases their dependents (FinishWithDependents).
 	s.finishSQL = `WITH f AS (
 	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[])
 	       AS t(id, token, state, delay_ms, attempt_delta, result, err)
 ), done AS (
 	UPDATE ` + s.jobs + ` j SET
-		state = f.state,
+		state = CASE WHEN j.cancel_requested AND f.state = 'available' THEN 'cancelled' ELSE f.state END,
 		run_at = CASE WHEN f.state = 'available' THEN now() + f.delay_ms * interval '1 millisecond' ELSE j.run_at END,
 		attempt = j.attempt + f.attempt_delta,
 		result = f.result,
-		last_error = COALESCE(f.err, j.last_error),
+		last_error = CASE WHEN j.cancel_requested AND f.state = 'available' THEN COALESCE(f.err, 'cancelled') ELSE COALESCE(f.err, j.last_error) END,
 		errors = CASE WHEN f.err IS NULL THEN j.errors ELSE ` + errorsAppend("j.attempt", "f.err") + ` END,
 		lease_token = NULL, lease_expires_at = NULL,
-		finished_at = CASE WHEN f.state IN ('completed', 'failed', 'cancelled') THEN now() END
-	FROM f WHERE j.id = f.id AND j.lease_token = f.token AND j.state = 'running'
-	RETURNING j.id
+		finished_at = CASE WHEN f.state IN ('completed', 'failed', 'cancelled') OR j.cancel_requested THEN now() END
+	FROM f WHERE j.id = f.id AND j.lease_token = f.token AND j.state = 'running' AND (NOT j.has_dependents OR $10::boolean)
+	RETURNING j.id, j.state, j.has_dependents, j.notify_done
 )
-SELECT d.id FROM done d
+SELECT d.id, d.state, d.has_dependents FROM done d
 UNION ALL
-SELECT NULL::uuid FROM (SELECT pg_notify($8, p) FROM unnest($9::text[]) AS p) n`
+SELECT NULL::uuid, NULL::text, NULL::boolean FROM (SELECT pg_notify($8, p) FROM unnest($9::text[]) AS p) n
+UNION ALL
+SELECT NULL::uuid, NULL::text, NULL::boolean FROM (
+	SELECT pg_notify($8, json_build_object('done', d.id)::text) FROM done d WHERE d.notify_done AND d.state IN ('completed', 'failed', 'cancelled')) w`
+
+	s.refusedSQL = `SELECT j.id FROM ` + s.jobs + ` j JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, token) ON j.id = t.id
+WHERE j.lease_token = t.token AND j.state = 'running' AND j.has_dependents`
 
 	s.extendSQL = `UPDATE ` + s.jobs + ` j SET lease_expires_at = now() + $3 * interval '1 millisecond'
 FROM unnest($1::uuid[], $2::uuid[]) AS t(id, token)
@@ -143,24 +154,29 @@ RETURNING j.id, j.cancel_requested`
 	LIMIT $1 FOR UPDATE SKIP LOCKED
 ), swept AS (
 	UPDATE ` + s.jobs + ` j SET
-		state = CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'available' END,
+		state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'available' END,
 		run_at = now(),
 		last_error = 'lease expired: worker ' || COALESCE(j.worker, '?') || ' stopped renewing it',
 		errors = ` + errorsAppend("j.attempt", "'lease expired: worker ' || COALESCE(j.worker, '?') || ' stopped renewing it'") + `,
 		lease_token = NULL, lease_expires_at = NULL, worker = NULL,
-		finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END
+		finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END
 	FROM expired WHERE j.id = expired.id
-	RETURNING j.state, j.type, j.tags
+	RETURNING j.id, j.state, j.type, j.tags, j.has_dependents, j.notify_done
 )
-SELECT (SELECT count(*) FROM swept),
-       (SELECT count(*) FROM (SELECT pg_notify($2, json_build_object('type', type, 'tags', tags)::text)
-                              FROM (SELECT DISTINCT type, tags FROM swept WHERE state = 'available') d) n)`
+SELECT s.id, s.state, s.has_dependents FROM swept s
+UNION ALL
+SELECT NULL::uuid, NULL::text, NULL::boolean FROM (SELECT pg_notify($2, json_build_object('type', type, 'tags', tags)::text)
+	FROM (SELECT DISTINCT type, tags FROM swept WHERE state = 'available') d) n
+UNION ALL
+SELECT NULL::uuid, NULL::text, NULL::boolean FROM (SELECT pg_notify($2, json_build_object('done', id)::text)
+	FROM swept WHERE notify_done AND state <> 'available') w`
 
 	s.getSQL = `SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
 	COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at
 FROM ` + s.jobs + ` WHERE id = $1`
 
 	s.notifySQL = `SELECT count(*) FROM (SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p) n`
+	s.buildGraph()
 }
 
 // NewJob is one row to insert.
@@ -282,10 +298,18 @@ type Finish struct {
 	Err          *string // appended to the error history when set
 }
 
-// Finish writes outcomes in one statement. Each write is fenced by id, lease
-// token and state = 'running'; it returns the IDs whose write took effect.
-// Payloads are NOTIFY postings for jobs made available again.
-func (s *Store) Finish(ctx context.Context, fs []Finish, payloads []string) (map[uuid.UUID]bool, error) {
+// Finished is the result of one finish write that took effect.
+type Finished struct {
+	State         string
+	HasDependents bool
+}
+
+// Finish writes outcomes in one statement on db. Each write is fenced by
+// id, lease token and state = 'running'; it returns the writes that took
+// effect. Payloads are NOTIFY postings for jobs made available again. With
+// allowDeps false, jobs that have dependents are refused too: Finish them
+// again with FinishWithDependents.
+func (s *Store) Finish(ctx context.Context, db DB, fs []Finish, payloads []string, allowDeps bool) (map[uuid.UUID]Finished, error) {
 	n := len(fs)
 	ids := make([]uuid.UUID, n)
 	tokens := make([]uuid.UUID, n)
@@ -302,22 +326,63 @@ func (s *Store) Finish(ctx context.Context, fs []Finish, payloads []string) (map
 	if payloads == nil {
 		payloads = []string{}
 	}
-	rows, err := s.Pool.Query(ctx, s.finishSQL, Mode, ids, tokens, states, delays, deltas, results, errs, s.Channel, payloads)
+	rows, err := db.Query(ctx, s.finishSQL, Mode, ids, tokens, states, delays, deltas, results, errs, s.Channel, payloads, allowDeps)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	ok := make(map[uuid.UUID]bool, n)
+	ok := make(map[uuid.UUID]Finished, n)
 	for rows.Next() {
-		var id *uuid.UUID
-		if err := rows.Scan(&id); err != nil {
+		var (
+			id    *uuid.UUID
+			state *string
+			deps  *bool
+		)
+		if err := rows.Scan(&id, &state, &deps); err != nil {
 			return nil, err
 		}
 		if id != nil {
-			ok[*id] = true
+			ok[*id] = Finished{State: *state, HasDependents: *deps}
 		}
 	}
 	return ok, rows.Err()
+}
+
+// RefusedForDependents returns which of the given leases are still held by
+// jobs that have dependents (their Finish was refused for that reason, not
+// because the lease was lost).
+func (s *Store) RefusedForDependents(ctx context.Context, ids, tokens []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := s.Pool.Query(ctx, s.refusedSQL, Mode, ids, tokens)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+}
+
+// FinishWithDependents writes outcomes of jobs that have dependents and, in
+// the same transaction, releases (or cancels) their dependents.
+func (s *Store) FinishWithDependents(ctx context.Context, fs []Finish, payloads []string) (map[uuid.UUID]Finished, error) {
+	var out map[uuid.UUID]Finished
+	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		var err error
+		// Statement one takes the row locks (waiting for any transaction
+		// that is adding a dependent); the release below runs on a newer
+		// snapshot and so sees every edge committed before.
+		if out, err = s.Finish(ctx, tx, fs, payloads, true); err != nil {
+			return err
+		}
+		var terminal []uuid.UUID
+		for id, f := range out {
+			if f.State != "available" && f.HasDependents {
+				terminal = append(terminal, id)
+			}
+		}
+		return s.Release(ctx, tx, terminal)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Extended reports one lease a heartbeat renewed.
@@ -341,12 +406,43 @@ func (s *Store) Extend(ctx context.Context, ids, tokens []uuid.UUID, lease time.
 }
 
 // SweepExpired returns up to limit running jobs whose lease has expired to
-// available (or failed, when their attempts are used up) and notifies the
-// domains that can take them. It returns how many it swept.
+// available (or failed, when their attempts are used up; cancelled when a
+// cancel was requested) and notifies the domains that can take them. Jobs
+// that ended with dependents have them released in the same transaction.
+// It returns how many it swept.
 func (s *Store) SweepExpired(ctx context.Context, limit int) (int, error) {
-	var swept, notified int64
-	err := s.Pool.QueryRow(ctx, s.sweepSQL, Mode, limit, s.Channel).Scan(&swept, &notified)
-	return int(swept), err
+	swept := 0
+	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, s.sweepSQL, Mode, limit, s.Channel)
+		if err != nil {
+			return err
+		}
+		var ended []uuid.UUID
+		for rows.Next() {
+			var (
+				id    *uuid.UUID
+				state *string
+				deps  *bool
+			)
+			if err := rows.Scan(&id, &state, &deps); err != nil {
+				rows.Close()
+				return err
+			}
+			if id == nil {
+				continue
+			}
+			swept++
+			if *state != "available" && *deps {
+				ended = append(ended, *id)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return s.Release(ctx, tx, ended)
+	})
+	return swept, err
 }
 
 // Notify sends NOTIFY postings outside any writing transaction. The
@@ -366,6 +462,15 @@ func (s *Store) Notify(ctx context.Context, payloads []string) error {
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+// NotifyTx sends NOTIFY postings inside tx (delivered at commit).
+func (s *Store) NotifyTx(ctx context.Context, tx pgx.Tx, payloads []string) error {
+	if len(payloads) == 0 {
+		return nil
+	}
+	var n int64
+	return tx.QueryRow(ctx, s.notifySQL, Mode, s.Channel, payloads).Scan(&n)
 }
 
 // Row is one job as Get reads it.

@@ -1,0 +1,139 @@
+package backlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/backlogq/backlog/internal/store"
+)
+
+// Cancel cancels a job and returns its state after the call:
+//
+//   - StateCancelled: the job was blocked or available and is cancelled now;
+//     its dependents are cancelled too.
+//   - StateRunning: the job is running; its handler's context is cancelled
+//     (cause ErrCancelled) within moments (a NOTIFY to the process holding
+//     it, with the heartbeat as backup), and it ends cancelled unless it
+//     completes first.
+//   - StateCompleted, StateFailed or StateCancelled of a job that had
+//     already finished: nothing changed.
+//
+// An unknown ID returns ErrNotFound.
+func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (State, error) {
+	if q.isClosed() {
+		return "", ErrClosed
+	}
+	out, err := q.store.Cancel(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("cancelling job %s: %w", id, err)
+	}
+	if out.Requested {
+		// In poll-only mode no NOTIFY arrives; stop a local handler now.
+		q.mu.Lock()
+		ls := q.leases
+		q.mu.Unlock()
+		if ls != nil {
+			ls.cancel(id)
+		}
+	}
+	return State(out.State), nil
+}
+
+// Wait blocks until the job reaches a terminal state and returns its
+// record, or returns ctx's error. It is woken by a notification when the job
+// finishes, and polls as a backup (every second, or the backup poll interval
+// if shorter).
+func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil, ErrClosed
+	}
+	q.startListenerLocked()
+	ch := q.waiters.add(id)
+	q.mu.Unlock()
+	defer q.waiters.remove(id, ch)
+
+	state, err := q.store.MarkWaiting(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("waiting for job %s: %w", id, err)
+	}
+	every := min(time.Second, q.cfg.pollInterval)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		if State(state).Terminal() {
+			return q.Job(ctx, id)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-q.closing:
+			return nil, ErrClosed
+		case <-ch:
+		case <-tick.C:
+		}
+		info, err := q.Job(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		state = string(info.State)
+	}
+}
+
+// waiters maps job IDs to the Wait calls of this process.
+type waiters struct {
+	mu sync.Mutex
+	m  map[uuid.UUID][]chan struct{}
+}
+
+func (w *waiters) add(id uuid.UUID) chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.m == nil {
+		w.m = map[uuid.UUID][]chan struct{}{}
+	}
+	ch := make(chan struct{}, 1)
+	w.m[id] = append(w.m[id], ch)
+	return ch
+}
+
+func (w *waiters) remove(id uuid.UUID, ch chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	list := w.m[id]
+	for i, c := range list {
+		if c == ch {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(w.m, id)
+	} else {
+		w.m[id] = list
+	}
+}
+
+// wake signals every Wait call for id (never blocks).
+func (w *waiters) wake(id uuid.UUID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ch := range w.m[id] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}

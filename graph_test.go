@@ -1,0 +1,411 @@
+package backlog_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/backlogq/backlog"
+)
+
+// recorder logs handler starts and ends in order.
+type recorder struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (r *recorder) add(s string) {
+	r.mu.Lock()
+	r.events = append(r.events, s)
+	r.mu.Unlock()
+}
+
+func (r *recorder) index(s string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, e := range r.events {
+		if e == s {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestDiamondDependencies(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+	rec := &recorder{}
+	mux := backlog.NewMux()
+	mux.HandleFunc("step", func(ctx context.Context, job *backlog.Job) error {
+		name := strings.Trim(string(job.Args), `"`)
+		rec.add("start " + name)
+		if name == "B2" {
+			return backlog.Permanent(errors.New("B2 broke"))
+		}
+		time.Sleep(time.Duration(rand.IntN(5)) * time.Millisecond) //nolint:forbidigo // simulated work, not a wait
+		rec.add("end " + name)
+		return nil
+	})
+	work(t, e.q, mux, backlog.Concurrency(4))
+
+	// A → B, C → D, all in one batch, D listed first.
+	a, b, c, d := backlog.NewID(), backlog.NewID(), backlog.NewID(), backlog.NewID()
+	_, err := e.q.EnqueueMany(ctx, []backlog.JobSpec{
+		{ID: d, Type: "step", Args: "D", Options: []backlog.EnqueueOption{backlog.DependsOn(b, c)}},
+		{ID: b, Type: "step", Args: "B", Options: []backlog.EnqueueOption{backlog.DependsOn(a)}},
+		{ID: c, Type: "step", Args: "C", Options: []backlog.EnqueueOption{backlog.DependsOn(a)}},
+		{ID: a, Type: "step", Args: "A"},
+	})
+	require.NoError(t, err)
+	info := e.waitState(d, 10*time.Second, backlog.StateCompleted)
+	require.Equal(t, 1, info.Attempt)
+	require.Less(t, rec.index("end A"), rec.index("start B"))
+	require.Less(t, rec.index("end A"), rec.index("start C"))
+	require.Less(t, rec.index("end B"), rec.index("start D"))
+	require.Less(t, rec.index("end C"), rec.index("start D"))
+
+	// A failed B cancels D (and D's own dependent E), naming B.
+	a2, err := e.q.Enqueue(ctx, "step", "A2")
+	require.NoError(t, err)
+	b2, err := e.q.Enqueue(ctx, "step", "B2", backlog.DependsOn(a2))
+	require.NoError(t, err)
+	c2, err := e.q.Enqueue(ctx, "step", "C2", backlog.DependsOn(a2))
+	require.NoError(t, err)
+	d2, err := e.q.Enqueue(ctx, "step", "D2", backlog.DependsOn(b2, c2))
+	require.NoError(t, err)
+	e2, err := e.q.Enqueue(ctx, "step", "E2", backlog.DependsOn(d2))
+	require.NoError(t, err)
+	info = e.waitState(e2, 10*time.Second, backlog.StateCancelled)
+	require.Contains(t, info.LastError, d2.String())
+	info = e.waitState(d2, 10*time.Second, backlog.StateCancelled)
+	require.Contains(t, info.LastError, "prerequisite "+b2.String()+" failed")
+	require.Equal(t, 0, info.Attempt, "D2 never ran")
+	require.Equal(t, -1, rec.index("start D2"))
+	e.waitState(c2, 10*time.Second, backlog.StateCompleted)
+
+	// Depending on a job that already failed cancels at once.
+	late, err := e.q.Enqueue(ctx, "step", "late", backlog.DependsOn(b2))
+	require.NoError(t, err)
+	info, err = e.q.Job(ctx, late)
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateCancelled, info.State)
+	// Depending on a completed job runs at once.
+	ok, err := e.q.Enqueue(ctx, "step", "ok", backlog.DependsOn(a2))
+	require.NoError(t, err)
+	e.waitState(ok, 10*time.Second, backlog.StateCompleted)
+	require.Equal(t, 0, e.count("true AND id IN (SELECT job FROM \""+e.schema+"\".job_edges)"), "edges are consumed")
+}
+
+func TestOrderingKeySerialisesPerKey(t *testing.T) {
+	t.Parallel()
+	const keys = 10
+	perKey := 100
+	if testing.Short() {
+		perKey = 20
+	}
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+
+	type run struct {
+		key, seq, attempt int
+		start, end        time.Time
+	}
+	var mu sync.Mutex
+	var runs []run
+	var running [keys]atomic.Int32
+	var overlap atomic.Int32
+	var maxParallel, cur atomic.Int32
+	mux := backlog.NewMux()
+	mux.HandleFunc("ordered", func(ctx context.Context, job *backlog.Job) error {
+		var a struct{ Key, Seq int }
+		if err := json.Unmarshal(job.Args, &a); err != nil {
+			return err
+		}
+		if running[a.Key].Add(1) > 1 {
+			overlap.Add(1)
+		}
+		n := cur.Add(1)
+		for m := maxParallel.Load(); n > m && !maxParallel.CompareAndSwap(m, n); m = maxParallel.Load() {
+		}
+		r := run{key: a.Key, seq: a.Seq, attempt: job.Attempt, start: time.Now()}
+		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond) //nolint:forbidigo // simulated work
+		r.end = time.Now()
+		cur.Add(-1)
+		running[a.Key].Add(-1)
+		mu.Lock()
+		runs = append(runs, r)
+		mu.Unlock()
+		if a.Seq%7 == 3 && job.Attempt == 1 {
+			return errors.New("transient") // retried; the key stays blocked meanwhile
+		}
+		if a.Seq%50 == 11 {
+			return backlog.Permanent(errors.New("gives up")) // failed: must not block the key
+		}
+		return nil
+	}, backlog.RetryBackoff(backlog.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}))
+
+	var specs []backlog.JobSpec
+	for s := range perKey {
+		for k := range keys {
+			specs = append(specs, backlog.JobSpec{Type: "ordered", Args: map[string]int{"Key": k, "Seq": s},
+				Options: []backlog.EnqueueOption{backlog.OrderingKey(fmt.Sprintf("account:%d", k))}})
+		}
+	}
+	// Half in one batch, the rest one by one: both paths build the chains.
+	half := len(specs) / 2
+	_, err := e.q.EnqueueMany(ctx, specs[:half])
+	require.NoError(t, err)
+	work(t, e.q, mux, backlog.Concurrency(16))
+	t0 := time.Now()
+	for _, s := range specs[half:] {
+		_, err := e.q.Enqueue(ctx, s.Type, s.Args, s.Options...)
+		require.NoError(t, err)
+	}
+	t.Logf("%d single enqueues with ordering keys took %s", len(specs)-half, time.Since(t0))
+	e.waitCount("state IN ('completed', 'failed')", keys*perKey, 2*time.Minute)
+	t.Logf("all %d jobs finished after %s", len(specs), time.Since(t0))
+
+	require.Zero(t, overlap.Load(), "two jobs of one key ran at once")
+	require.Greater(t, maxParallel.Load(), int32(1), "keys progress in parallel")
+	mu.Lock()
+	defer mu.Unlock()
+	last := map[int]run{}
+	for _, r := range runs {
+		if p, ok := last[r.key]; ok {
+			require.True(t, r.seq > p.seq || (r.seq == p.seq && r.attempt > p.attempt),
+				"key %d: seq %d (attempt %d) ran after seq %d (attempt %d)", r.key, r.seq, r.attempt, p.seq, p.attempt)
+		}
+		last[r.key] = r
+	}
+	require.Equal(t, 0, e.count("state = 'blocked'"))
+}
+
+// TestDependentAddedWhileFinishing races enqueueing a dependent against
+// the prerequisite's finish: no dependent may be left blocked.
+func TestDependentAddedWhileFinishing(t *testing.T) {
+	t.Parallel()
+	rounds := 1500
+	if testing.Short() {
+		rounds = 200
+	}
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+	mux := backlog.NewMux()
+	mux.HandleFunc("pre", func(ctx context.Context, job *backlog.Job) error { return nil })
+	mux.HandleFunc("dep", func(ctx context.Context, job *backlog.Job) error { return nil })
+	work(t, e.q, mux, backlog.Concurrency(8))
+
+	for range rounds {
+		pre, err := e.q.Enqueue(ctx, "pre", nil)
+		require.NoError(t, err)
+		// Jitter (not a wait): lands the dependent's enqueue before, during
+		// or after the prerequisite's finish, which takes about as long.
+		<-time.After(time.Duration(rand.IntN(3000)) * time.Microsecond)
+		_, err = e.q.Enqueue(ctx, "dep", nil, backlog.DependsOn(pre))
+		require.NoError(t, err)
+	}
+	e.waitCount("type = 'dep' AND state = 'completed'", rounds, 2*time.Minute)
+	require.Equal(t, 0, e.count("state = 'blocked'"))
+	var withDeps int
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(*) FROM "`+e.schema+`".jobs WHERE type = 'pre' AND has_dependents`).Scan(&withDeps))
+	t.Logf("%d rounds: %d prerequisites were unfinished when their dependent was added, %d had finished",
+		rounds, withDeps, rounds-withDeps)
+	require.Positive(t, withDeps, "the race was exercised from one side")
+	require.Positive(t, rounds-withDeps, "the race was exercised from the other side")
+}
+
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+	started := make(chan uuid.UUID, 4)
+	causes := make(chan error, 4)
+	mux := backlog.NewMux()
+	mux.HandleFunc("long", func(ctx context.Context, job *backlog.Job) error {
+		started <- job.ID
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return ctx.Err()
+	})
+	work(t, e.q, mux, backlog.Types("long"), backlog.Concurrency(2))
+
+	// Available (nobody works "queued"), with a dependent that is blocked.
+	queued, err := e.q.Enqueue(ctx, "queued", nil)
+	require.NoError(t, err)
+	dependent, err := e.q.Enqueue(ctx, "queued", nil, backlog.DependsOn(queued))
+	require.NoError(t, err)
+	blocked, err := e.q.Enqueue(ctx, "queued", nil, backlog.DependsOn(dependent))
+	require.NoError(t, err)
+	st, err := e.q.Cancel(ctx, blocked)
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateCancelled, st)
+	st, err = e.q.Cancel(ctx, queued)
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateCancelled, st)
+	info, err := e.q.Job(ctx, dependent)
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateCancelled, info.State, "cancel cascades to dependents")
+	require.Contains(t, info.LastError, queued.String())
+
+	// Running: the handler observes ctx.Done with cause ErrCancelled.
+	running, err := e.q.Enqueue(ctx, "long", nil)
+	require.NoError(t, err)
+	require.Equal(t, running, <-started)
+	t0 := time.Now()
+	st, err = e.q.Cancel(ctx, running)
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateRunning, st)
+	select {
+	case c := <-causes:
+		require.ErrorIs(t, c, backlog.ErrCancelled)
+		t.Logf("running handler cancelled %s after Cancel", time.Since(t0))
+	case <-time.After(5 * time.Second):
+		t.Fatal("running handler was not cancelled")
+	}
+	info = e.waitState(running, 10*time.Second, backlog.StateCancelled)
+	require.Contains(t, info.LastError, "cancelled")
+
+	// Finished: a no-op reporting the state.
+	st, err = e.q.Cancel(ctx, running)
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateCancelled, st)
+	_, err = e.q.Cancel(ctx, backlog.NewID())
+	require.ErrorIs(t, err, backlog.ErrNotFound)
+}
+
+func TestUniqueKeyUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+	const n = 50
+	results := make(chan backlog.Inserted, n)
+	errs := make(chan error, n)
+	var start sync.WaitGroup
+	start.Add(1)
+	for range n {
+		go func() {
+			start.Wait()
+			res, err := e.q.InsertMany(ctx, nil, []backlog.JobSpec{{Type: "once", Options: []backlog.EnqueueOption{backlog.UniqueKey("nightly-report")}}})
+			if err != nil {
+				errs <- err
+				return
+			}
+			results <- res[0]
+		}()
+	}
+	start.Done()
+	var ids = map[uuid.UUID]int{}
+	dups := 0
+	for range n {
+		select {
+		case err := <-errs:
+			t.Fatal(err)
+		case r := <-results:
+			ids[r.ID]++
+			if r.Duplicate {
+				dups++
+			}
+		}
+	}
+	require.Len(t, ids, 1, "every caller got the same job")
+	require.Equal(t, n-1, dups)
+	require.Equal(t, 1, e.count("unique_key = 'nightly-report'"))
+
+	// Once the job has finished, the key is free again.
+	var first uuid.UUID
+	for id := range ids {
+		first = id
+	}
+	_, err := e.q.Cancel(ctx, first)
+	require.NoError(t, err)
+	again, err := e.q.Enqueue(ctx, "once", nil, backlog.UniqueKey("nightly-report"))
+	require.NoError(t, err)
+	require.NotEqual(t, first, again)
+}
+
+func TestWaitReturnsWhenJobFinishes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+	release := make(chan struct{})
+	mux := backlog.NewMux()
+	mux.HandleFunc("slowish", func(ctx context.Context, job *backlog.Job) error {
+		<-release
+		return job.SetResult(42)
+	})
+	q2 := e.queue(e.pool) // the waiter is another Queue (process)
+	id, err := e.q.Enqueue(ctx, "slowish", nil)
+	require.NoError(t, err)
+	got := make(chan *backlog.JobInfo, 1)
+	go func() {
+		info, err := q2.Wait(ctx, id)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- info
+	}()
+	work(t, e.q, mux)
+	close(release)
+	select {
+	case info := <-got:
+		require.Equal(t, backlog.StateCompleted, info.State)
+		require.JSONEq(t, "42", string(info.Result))
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not return")
+	}
+	_, err = q2.Wait(ctx, backlog.NewID())
+	require.ErrorIs(t, err, backlog.ErrNotFound)
+	info, err := q2.Wait(ctx, id) // already finished
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateCompleted, info.State)
+}
+
+func TestGraphBadInput(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+	x, y, z := backlog.NewID(), backlog.NewID(), backlog.NewID()
+	long := strings.Repeat("k", backlog.MaxKeyBytes+1)
+	cases := []struct {
+		name, field string
+		specs       []backlog.JobSpec
+	}{
+		{"unknown dependency", "depends on", []backlog.JobSpec{{Type: "t", Options: []backlog.EnqueueOption{backlog.DependsOn(backlog.NewID())}}}},
+		{"self-dependency", "depends on", []backlog.JobSpec{{ID: x, Type: "t", Options: []backlog.EnqueueOption{backlog.DependsOn(x)}}}},
+		{"cycle in batch", "depends on", []backlog.JobSpec{
+			{ID: x, Type: "t", Options: []backlog.EnqueueOption{backlog.DependsOn(z)}},
+			{ID: y, Type: "t", Options: []backlog.EnqueueOption{backlog.DependsOn(x)}},
+			{ID: z, Type: "t", Options: []backlog.EnqueueOption{backlog.DependsOn(y)}},
+		}},
+		{"over-long ordering key", "ordering key", []backlog.JobSpec{{Type: "t", Options: []backlog.EnqueueOption{backlog.OrderingKey(long)}}}},
+		{"over-long unique key", "unique key", []backlog.JobSpec{{Type: "t", Options: []backlog.EnqueueOption{backlog.UniqueKey(long)}}}},
+		{"NUL in ordering key", "ordering key", []backlog.JobSpec{{Type: "t", Options: []backlog.EnqueueOption{backlog.OrderingKey("a\x00")}}}},
+		{"NUL in unique key", "unique key", []backlog.JobSpec{{Type: "t", Options: []backlog.EnqueueOption{backlog.UniqueKey("a\x00")}}}},
+		{"nil dependency", "depends on", []backlog.JobSpec{{Type: "t", Options: []backlog.EnqueueOption{backlog.DependsOn(uuid.Nil)}}}},
+	}
+	for _, c := range cases {
+		_, err := e.q.EnqueueMany(ctx, c.specs)
+		require.ErrorIs(t, err, backlog.ErrInvalid, c.name)
+		var ie *backlog.InputError
+		require.True(t, errors.As(err, &ie), c.name)
+		require.Equal(t, c.field, ie.Field, c.name)
+	}
+	// Unknown dependency inside the caller's transaction writes nothing either.
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = e.q.EnqueueTx(ctx, tx, "t", nil, backlog.DependsOn(backlog.NewID()))
+	require.ErrorIs(t, err, backlog.ErrInvalid)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 0, e.count("true"), "nothing was written")
+}
