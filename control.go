@@ -33,7 +33,7 @@ func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (State, error) {
 		return "", fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return "", fmt.Errorf("cancelling job %s: %w", id, err)
+		return "", classify(fmt.Errorf("cancelling job %s: %w", id, err))
 	}
 	if out.Requested {
 		// In poll-only mode no NOTIFY arrives; stop a local handler now.
@@ -67,7 +67,7 @@ func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("waiting for job %s: %w", id, err)
+		return nil, classify(fmt.Errorf("waiting for job %s: %w", id, err))
 	}
 	every := min(time.Second, q.cfg.pollInterval)
 	tick := time.NewTicker(every)

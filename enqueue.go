@@ -130,7 +130,7 @@ func (q *Queue) insert(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]Inser
 		db = tx
 	}
 	if err := q.store.Insert(ctx, db, rows, encodePostings(now)); err != nil {
-		return nil, fmt.Errorf("enqueueing %d job(s): %w", len(rows), err)
+		return nil, classify(fmt.Errorf("enqueueing %d job(s): %w", len(rows), err))
 	}
 	q.afterCommit(tx, posts, held)
 	return out, nil
@@ -175,7 +175,7 @@ func (q *Queue) insertGraph(ctx context.Context, tx pgx.Tx, jobs []store.GraphJo
 		err = pgx.BeginFunc(ctx, q.pool, run)
 	}
 	if err != nil {
-		return nil, err
+		return nil, classify(err)
 	}
 	q.afterCommit(tx, posts, held)
 	return out, nil

@@ -147,7 +147,7 @@ func (q *Queue) Job(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading job %s: %w", id, err)
+		return nil, classify(fmt.Errorf("reading job %s: %w", id, err))
 	}
 	info := &JobInfo{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, State: State(r.State), Priority: r.Priority,
 		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Timeout: r.Timeout, Worker: r.Worker, Result: r.Result,

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
@@ -303,4 +304,26 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	require.NoError(t, q.Close(), "Close is idempotent")
 	_, err = q.Enqueue(context.Background(), "x", nil)
 	require.ErrorIs(t, err, backlog.ErrClosed)
+}
+
+func TestEnqueueErrorsAreRetryableWhenTheDatabaseIsGone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	// A pool pointing at a port where nothing listens.
+	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2")
+	require.NoError(t, err)
+	dead, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer dead.Close()
+	q, err := backlog.New(ctx, dead, backlog.WithSchema(e.schema))
+	require.NoError(t, err)
+	defer q.Close()
+	_, err = q.Enqueue(ctx, "x", nil)
+	require.ErrorIs(t, err, backlog.ErrRetryable)
+	_, err = q.Enqueue(ctx, "x", nil, backlog.UniqueKey("k"))
+	require.ErrorIs(t, err, backlog.ErrRetryable)
+	// Bad input is not retryable.
+	_, err = e.q.Enqueue(ctx, "", nil)
+	require.NotErrorIs(t, err, backlog.ErrRetryable)
 }
