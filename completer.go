@@ -51,14 +51,17 @@ func (c *completer) submit(r finishReq) {
 	}
 }
 
-// run writes outcomes until ctx ends, then writes what is left and returns.
-func (c *completer) run(ctx context.Context) {
+// run writes outcomes until stop ends, then writes what is left and
+// returns. Writes never run under stop's context: an outcome queued before
+// the stop is written (or given up after giveUp), not cut off.
+func (c *completer) run(stop context.Context) {
+	ctx := context.WithoutCancel(stop)
 	for {
 		select {
 		case <-c.wake:
 			c.flush(ctx)
-		case <-ctx.Done():
-			c.flush(context.WithoutCancel(ctx))
+		case <-stop.Done():
+			c.flush(ctx)
 			return
 		}
 	}

@@ -93,7 +93,30 @@ func (q *Queue) enqueue(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]uuid
 	return ids, nil
 }
 
-func (q *Queue) insert(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]Inserted, error) {
+func (q *Queue) insert(ctx context.Context, tx pgx.Tx, specs []JobSpec) (out []Inserted, err error) {
+	if h := q.cfg.hooks.Enqueued; h != nil {
+		start := time.Now()
+		defer func() {
+			ev := EnqueueEvent{Jobs: len(specs), Duration: time.Since(start), Err: err}
+			for i, s := range specs {
+				if i == 0 {
+					ev.Type = s.Type
+				} else if s.Type != ev.Type {
+					ev.Type = ""
+				}
+			}
+			for _, r := range out {
+				if r.Duplicate {
+					ev.Duplicates++
+				}
+			}
+			h(ctx, ev)
+		}()
+	}
+	return q.insertSpecs(ctx, tx, specs)
+}
+
+func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]Inserted, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
@@ -352,6 +375,8 @@ func buildJob(s JobSpec) (store.GraphJob, error) {
 		return store.GraphJob{}, invalid("timeout", "must not be negative, got %s", c.timeout)
 	case c.runAt != nil && c.runAt.IsZero():
 		return store.GraphJob{}, invalid("run at", "zero time")
+	case c.catchUp != 0:
+		return store.GraphJob{}, invalid("catch up", "only for periodic jobs (Every, Cron)")
 	case len(c.dependsOn) > MaxDependsOn:
 		return store.GraphJob{}, invalid("depends on", "%d prerequisites exceeds the limit of %d", len(c.dependsOn), MaxDependsOn)
 	}

@@ -133,6 +133,12 @@ type snoozeError struct{ d time.Duration }
 
 func (e *snoozeError) Error() string { return fmt.Sprintf("snoozed for %s", e.d) }
 
+// IsSnooze reports whether err was made by Snooze.
+func IsSnooze(err error) bool {
+	var s *snoozeError
+	return errors.As(err, &s)
+}
+
 // Snooze, returned by a handler, makes the job available again after d
 // without spending an attempt. A negative d counts as zero.
 func Snooze(d time.Duration) error { return &snoozeError{d: max(d, 0)} }

@@ -47,10 +47,11 @@ type Job struct {
 	CreatedAt   time.Time
 	RunAt       time.Time // when the job was due
 
-	token uuid.UUID
-	mu    sync.Mutex
-	res   json.RawMessage
-	resE  error
+	token  uuid.UUID
+	waited time.Duration // run_at → claim, database clock
+	mu     sync.Mutex
+	res    json.RawMessage
+	resE   error
 }
 
 // SetResult records a small JSON result, stored with the job when the

@@ -21,6 +21,9 @@ const (
 	DefaultGracePeriod    = 10 * time.Second
 	DefaultMaxAttempts    = 25
 	DefaultPriority       = 0
+	DefaultCleanInterval  = time.Minute
+	DefaultKeepCompleted  = 24 * time.Hour
+	DefaultKeepFailed     = 7 * 24 * time.Hour
 )
 
 // Limits on input. Inputs over them are rejected with an *InputError.
@@ -54,6 +57,11 @@ type config struct {
 	notifyInterval time.Duration
 	sweepInterval  time.Duration
 	backoff        Backoff
+	cleanInterval  time.Duration
+	keepCompleted  time.Duration
+	keepFailed     time.Duration
+	hooks          Hooks
+	clock          func() time.Time // wall clock; tests skew it
 }
 
 func defaultConfig() config {
@@ -66,6 +74,10 @@ func defaultConfig() config {
 		notifyInterval: DefaultNotifyInterval,
 		sweepInterval:  DefaultSweepInterval,
 		backoff:        DefaultBackoff,
+		cleanInterval:  DefaultCleanInterval,
+		keepCompleted:  DefaultKeepCompleted,
+		keepFailed:     DefaultKeepFailed,
+		clock:          time.Now,
 	}
 }
 
@@ -126,6 +138,18 @@ func WithNotifyInterval(d time.Duration) Option { return func(c *config) { c.not
 // jittered by up to 20%. Defaults to 5 seconds.
 func WithSweepInterval(d time.Duration) Option { return func(c *config) { c.sweepInterval = d } }
 
+// WithRetention sets how long finished jobs are kept before the cleaner
+// deletes them: completed ones for completed, failed and cancelled ones for
+// failed (periodic_runs rows are kept as long as failed jobs, except each
+// schedule's latest, which is always kept). Defaults to 24 hours and 7 days.
+func WithRetention(completed, failed time.Duration) Option {
+	return func(c *config) { c.keepCompleted, c.keepFailed = completed, failed }
+}
+
+// WithCleanInterval sets how often a Work process runs the cleaner (jittered
+// by up to 20 %). Defaults to 1 minute.
+func WithCleanInterval(d time.Duration) Option { return func(c *config) { c.cleanInterval = d } }
+
 // WithRetryBackoff sets the Queue-wide retry backoff; Work and Mux
 // registrations can override it per job type with RetryBackoff. Defaults to
 // DefaultBackoff.
@@ -145,6 +169,7 @@ type enqueueConfig struct {
 	dependsOn   []uuid.UUID
 	orderingKey string
 	uniqueKey   string
+	catchUp     int // periodic jobs only
 }
 
 type enqueueFunc func(*enqueueConfig)

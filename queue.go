@@ -26,7 +26,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"regexp"
 	"sync"
@@ -67,6 +66,7 @@ type Queue struct {
 	compDone chan struct{}
 	compStop context.CancelFunc
 	waiters  waiters
+	sched    *scheduler
 }
 
 // New returns a Queue over pool. It validates the options and starts
@@ -98,6 +98,12 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 		return nil, invalid("notify interval", "must not be negative, got %s", cfg.notifyInterval)
 	case cfg.sweepInterval <= 0:
 		return nil, invalid("sweep interval", "must be positive, got %s", cfg.sweepInterval)
+	case cfg.cleanInterval <= 0:
+		return nil, invalid("clean interval", "must be positive, got %s", cfg.cleanInterval)
+	case cfg.keepCompleted <= 0 || cfg.keepFailed <= 0:
+		return nil, invalid("retention", "must be positive, got %s and %s", cfg.keepCompleted, cfg.keepFailed)
+	case cfg.clock == nil:
+		return nil, invalid("clock", "must not be nil")
 	}
 	if err := cfg.backoff.validate(); err != nil {
 		return nil, err
@@ -179,7 +185,7 @@ func (q *Queue) startLocked() {
 		q.comp.run(compCtx)
 	}()
 	q.bg.Go(func() { q.leases.run(q.bgCtx) })
-	q.bg.Go(func() { q.sweepLoop(q.bgCtx) })
+	q.bg.Go(func() { q.maintain(q.bgCtx) })
 	q.startListenerLocked()
 }
 
@@ -228,7 +234,7 @@ func (q *Queue) claim(ctx context.Context, d *domainSpec, k int) ([]*Job, time.D
 	for i, r := range rows {
 		jobs[i] = &Job{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, Attempt: r.Attempt,
 			MaxAttempts: r.MaxAttempts, Priority: r.Priority, Timeout: r.Timeout, CreatedAt: r.CreatedAt,
-			RunAt: r.RunAt, token: r.Token}
+			RunAt: r.RunAt, token: r.Token, waited: r.Waited}
 	}
 	q.leases.add(jobs, sentAt)
 	return jobs, next, nil
@@ -258,48 +264,6 @@ func (q *Queue) postLocal(ps []posting) {
 	}
 	for _, p := range ps {
 		acq.post(p)
-	}
-}
-
-// sweepLoop runs the expired-lease sweep every sweep interval (±20 %).
-func (q *Queue) sweepLoop(ctx context.Context) {
-	for {
-		wait := q.cfg.sweepInterval
-		wait += time.Duration((rand.Float64()*0.4 - 0.2) * float64(wait))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		if _, err := q.SweepExpired(ctx); err != nil && ctx.Err() == nil {
-			q.log.Warn("backlog: expired-lease sweep failed", "err", err)
-		}
-	}
-}
-
-// sweepBatch is how many expired jobs one sweep statement handles.
-const sweepBatch = 500
-
-// SweepExpired makes jobs whose lease has expired (their worker died or was
-// cut off) available again, or failed when their attempts are used up, and
-// returns how many it handled. Work runs it periodically (WithSweepInterval);
-// any number of processes may run it at once.
-func (q *Queue) SweepExpired(ctx context.Context) (int, error) {
-	total := 0
-	for {
-		n, err := q.store.SweepExpired(ctx, sweepBatch)
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("sweeping expired leases: %w", err)
-		}
-		if n < sweepBatch {
-			if total > 0 {
-				q.log.Info("backlog: swept expired leases", "jobs", total)
-			}
-			return total, nil
-		}
 	}
 }
 

@@ -143,17 +143,51 @@ func (w *worker) run(job *Job) {
 		ctx, stop = context.WithTimeoutCause(ctx, job.Timeout, ErrJobTimeout)
 		defer stop()
 	}
+	hooks := w.q.cfg.hooks
+	if hooks.Started != nil {
+		if hctx := hooks.Started(ctx, job); hctx != nil {
+			ctx = hctx
+		}
+	}
+	began := time.Now()
 	err := callHandler(ctx, w.h, job)
+	ran := time.Since(began)
 	cause := context.Cause(ctx)
+	report := func(o Outcome) {
+		if hooks.Finished != nil {
+			hooks.Finished(ctx, job, JobEvent{Outcome: o, Duration: ran, QueueLatency: job.waited, Err: err})
+		}
+	}
 
 	if w.q.leases.isLost(job.ID, job.token) {
 		// Someone else may hold the job now; any write would be refused.
 		w.q.leases.remove(job.ID, job.token)
 		w.q.log.Warn("backlog: job finished after its lease was lost; outcome dropped",
 			"job", job.ID, "type", job.Type, "attempt", job.Attempt, "err", err)
+		report(OutcomeLeaseLost)
 		return
 	}
-	w.submit(job, w.outcome(job, err, cause))
+	f := w.outcome(job, err, cause)
+	report(outcomeOf(f, err))
+	w.submit(job, f)
+}
+
+// outcomeOf names the write f for hooks.
+func outcomeOf(f store.Finish, err error) Outcome {
+	switch {
+	case f.State == string(StateCompleted):
+		return OutcomeCompleted
+	case f.State == string(StateFailed):
+		return OutcomeFailed
+	case f.State == string(StateCancelled):
+		return OutcomeCancelled
+	case f.AttemptDelta < 0 && err != nil && IsSnooze(err):
+		return OutcomeSnoozed
+	case f.AttemptDelta < 0:
+		return OutcomeReleased
+	default:
+		return OutcomeRetried
+	}
 }
 
 func (w *worker) submit(job *Job, f store.Finish) {

@@ -70,7 +70,8 @@ func errorsAppend(attempt, errText string) string {
 		|| jsonb_build_array(jsonb_build_object('attempt', %s, 'at', now(), 'error', %s))`, MaxErrors, attempt, errText)
 }
 
-const claimedCols = `j.id, j.type, j.args, j.tags, j.attempt, j.max_attempts, j.priority, j.timeout_ms, j.lease_token, j.created_at, j.run_at`
+const claimedCols = `j.id, j.type, j.args, j.tags, j.attempt, j.max_attempts, j.priority, j.timeout_ms, j.lease_token, j.created_at, j.run_at,
+	(extract(epoch FROM now() - j.run_at) * 1e6)::bigint AS waited_us`
 
 func (s *Store) build() {
 	s.insertSQL = `WITH ins AS (
@@ -239,6 +240,7 @@ type Claimed struct {
 	Token       uuid.UUID
 	CreatedAt   time.Time
 	RunAt       time.Time
+	Waited      time.Duration // from run_at to the claim, on the database clock
 }
 
 // Claim locks up to k due jobs of the given types whose tags are a subset of
@@ -265,9 +267,10 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 			prio            *int16
 			timeoutMS       *int64
 			created, runAt  *time.Time
+			waitedUS        *int64
 			nextMS          *int64
 		)
-		if err := rows.Scan(&id, &typ, &args, &tags, &attempt, &maxAtt, &prio, &timeoutMS, &token, &created, &runAt, &nextMS); err != nil {
+		if err := rows.Scan(&id, &typ, &args, &tags, &attempt, &maxAtt, &prio, &timeoutMS, &token, &created, &runAt, &waitedUS, &nextMS); err != nil {
 			return nil, 0, err
 		}
 		if nextMS != nil {
@@ -278,7 +281,7 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 		}
 		c := Claimed{ID: *id, Type: *typ, Args: args, Attempt: int(*attempt), MaxAttempts: int(*maxAtt),
 			Priority: int(*prio), Timeout: time.Duration(*timeoutMS) * time.Millisecond, Token: *token,
-			CreatedAt: *created, RunAt: *runAt}
+			CreatedAt: *created, RunAt: *runAt, Waited: time.Duration(*waitedUS) * time.Microsecond}
 		if err := json.Unmarshal(tags, &c.Tags); err != nil {
 			return nil, 0, fmt.Errorf("decoding tags of job %s: %w", c.ID, err)
 		}

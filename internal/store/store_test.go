@@ -44,5 +44,10 @@ func TestStatementsPrepare(t *testing.T) {
 	}
 	check(reflect.ValueOf(*s), "")
 	check(reflect.ValueOf(s.graph), "graph.")
+	jobs, runs := s.cleanSQL()
+	for name, q := range map[string]string{"clean jobs": jobs, "clean runs": runs} {
+		_, err := conn.Conn().Prepare(context.Background(), "", q)
+		require.NoError(t, err, "statement %s:\n%s", name, q)
+	}
 	require.Greater(t, n, 20)
 }

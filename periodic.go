@@ -1,0 +1,313 @@
+package backlog
+
+import (
+	"context"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/robfig/cron/v3"
+)
+
+// Periodic jobs. A schedule is registered in code on every process (Every
+// or Cron); each process's scheduler enqueues the plans that fall due. Plan
+// times come from the database clock, and the primary key on
+// periodic_runs(name, plan_time), written in the same transaction as the
+// job, makes sure exactly one job is enqueued per (name, plan time) however
+// many processes race for it.
+//
+// Catch-up: when a process finds plans missed since the schedule's last
+// recorded plan (all processes were down), it enqueues only the most recent
+// one, or up to n of them with CatchUp(n). A schedule with no recorded plan
+// starts with the first plan after it is registered. A changed schedule
+// takes effect from its next plan.
+
+// MaxCatchUp bounds CatchUp.
+const MaxCatchUp = 1000
+
+// CatchUp, given to Every or Cron, enqueues up to n plans missed while no
+// process was running the schedule (the most recent ones). Must be in
+// [1, 1000]. Defaults to 1: only the most recent missed plan. It is not
+// valid for a plain enqueue.
+func CatchUp(n int) EnqueueOption {
+	return enqueueFunc(func(c *enqueueConfig) { c.catchUp = n })
+}
+
+type planner interface {
+	// next returns the first plan time strictly after t.
+	next(t time.Time) time.Time
+}
+
+type everyPlanner time.Duration
+
+func (p everyPlanner) next(t time.Time) time.Time {
+	d := time.Duration(p)
+	return t.Truncate(d).Add(d) // Truncate is relative to the zero time: fixed for every process
+}
+
+type cronPlanner struct{ s cron.Schedule }
+
+func (p cronPlanner) next(t time.Time) time.Time { return p.s.Next(t.UTC()) }
+
+type schedule struct {
+	name    string
+	planner planner
+	typ     string
+	args    any
+	opts    []EnqueueOption
+	catchUp int
+	last    time.Time // latest plan known to be enqueued (by anyone)
+	loaded  bool      // last was read from periodic_runs
+}
+
+// Every registers (or replaces) the schedule name: a job of type typ with
+// args and opts is enqueued at every multiple of interval (plan times are
+// aligned to the Unix epoch on the database clock, so every process agrees).
+// The interval must be at least one second.
+func (q *Queue) Every(name string, interval time.Duration, typ string, args any, opts ...EnqueueOption) error {
+	if interval < time.Second {
+		return invalid("interval", "must be at least 1s, got %s", interval)
+	}
+	return q.addSchedule(name, everyPlanner(interval), typ, args, opts)
+}
+
+// Cron registers (or replaces) the schedule name with a standard 5-field
+// cron expression ("*/5 * * * *") or a descriptor (@hourly, @daily,
+// @every 90s…), evaluated in UTC unless it starts with CRON_TZ=<zone>.
+func (q *Queue) Cron(name, spec, typ string, args any, opts ...EnqueueOption) error {
+	s, err := cron.ParseStandard(spec)
+	if err != nil {
+		return invalid("cron spec", "%q: %v", spec, err)
+	}
+	return q.addSchedule(name, cronPlanner{s}, typ, args, opts)
+}
+
+func (q *Queue) addSchedule(name string, p planner, typ string, args any, opts []EnqueueOption) error {
+	switch {
+	case name == "":
+		return invalid("schedule name", "must not be empty")
+	case len(name) > MaxTypeBytes:
+		return invalid("schedule name", "%d bytes exceeds the %d-byte limit", len(name), MaxTypeBytes)
+	case strings.IndexByte(name, 0) >= 0:
+		return invalid("schedule name", "%q contains a NUL byte", name)
+	}
+	c := enqueueConfig{}
+	for _, o := range opts {
+		if o != nil {
+			o.applyEnqueue(&c)
+		}
+	}
+	catchUp := c.catchUp
+	if catchUp == 0 {
+		catchUp = 1
+	}
+	if catchUp < 1 || catchUp > MaxCatchUp {
+		return invalid("catch up", "must be in [1, %d], got %d", MaxCatchUp, c.catchUp)
+	}
+	// CatchUp is the schedule's, not the job's: reset it for the job.
+	jobOpts := append(append([]EnqueueOption(nil), opts...), CatchUp(0))
+	if len(c.dependsOn) > 0 {
+		return invalid("depends on", "periodic jobs cannot depend on other jobs")
+	}
+	// Validate the job once now, so bad input fails at registration.
+	if _, err := buildJob(JobSpec{Type: typ, Args: args, Options: jobOpts}); err != nil {
+		return err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return ErrClosed
+	}
+	if q.sched == nil {
+		q.sched = &scheduler{q: q, schedules: map[string]*schedule{}, wake: make(chan struct{}, 1)}
+		q.bg.Go(func() { q.sched.run(q.bgCtx) })
+	}
+	q.sched.add(&schedule{name: name, planner: p, typ: typ, args: args, opts: jobOpts, catchUp: catchUp})
+	return nil
+}
+
+// scheduler enqueues due plans of this process's schedules.
+type scheduler struct {
+	q    *Queue
+	wake chan struct{} // buffer of 1: a registration never blocks
+
+	mu        sync.Mutex
+	schedules map[string]*schedule
+}
+
+func (s *scheduler) add(sc *schedule) {
+	s.mu.Lock()
+	if old := s.schedules[sc.name]; old != nil {
+		sc.last, sc.loaded = old.last, old.loaded
+	}
+	s.schedules[sc.name] = sc
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *scheduler) run(ctx context.Context) {
+	for {
+		wait := s.tick(ctx)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-s.wake:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// tick enqueues every due plan and returns how long to sleep until the
+// next one. It reads the database clock once; the sleep is measured on the
+// local clock from that reading, so a skewed local clock does not matter.
+func (s *scheduler) tick(ctx context.Context) time.Duration {
+	const retry = time.Second
+	q := s.q
+	s.mu.Lock()
+	var toLoad []string
+	for n, sc := range s.schedules {
+		if !sc.loaded {
+			toLoad = append(toLoad, n)
+		}
+	}
+	s.mu.Unlock()
+	if len(toLoad) > 0 {
+		last, err := q.store.LastPlans(ctx, toLoad)
+		if err != nil {
+			if ctx.Err() == nil {
+				q.log.Warn("backlog: reading periodic runs failed", "err", err)
+			}
+			return retry
+		}
+		s.mu.Lock()
+		for _, n := range toLoad {
+			if sc := s.schedules[n]; sc != nil {
+				sc.last, sc.loaded = last[n], true
+			}
+		}
+		s.mu.Unlock()
+	}
+	dbNow, err := q.store.Now(ctx)
+	readAt := q.cfg.clock()
+	if err != nil {
+		if ctx.Err() == nil {
+			q.log.Warn("backlog: reading the database clock failed", "err", err)
+		}
+		return retry
+	}
+
+	type due struct {
+		sc   *schedule
+		plan time.Time
+	}
+	var dues []due
+	s.mu.Lock()
+	scheds := make([]*schedule, 0, len(s.schedules))
+	for _, sc := range s.schedules {
+		scheds = append(scheds, sc)
+	}
+	sort.Slice(scheds, func(i, j int) bool { return scheds[i].name < scheds[j].name })
+	for _, sc := range scheds {
+		if sc.last.IsZero() {
+			sc.last = dbNow // never ran: start with the first plan after now
+			continue
+		}
+		for _, p := range missedPlans(sc.planner, sc.last, dbNow, sc.catchUp) {
+			dues = append(dues, due{sc, p})
+		}
+	}
+	s.mu.Unlock()
+	if len(dues) > 0 {
+		names := make([]string, len(dues))
+		plans := make([]time.Time, len(dues))
+		ids := make([]uuid.UUID, len(dues))
+		specs := map[uuid.UUID]JobSpec{}
+		for i, d := range dues {
+			names[i], plans[i], ids[i] = d.sc.name, d.plan, NewID()
+			opts := append(append([]EnqueueOption(nil), d.sc.opts...), RunAt(d.plan))
+			specs[ids[i]] = JobSpec{ID: ids[i], Type: d.sc.typ, Args: d.sc.args, Options: opts}
+		}
+		var won int
+		err := pgx.BeginFunc(ctx, q.pool, func(tx pgx.Tx) error {
+			winners, err := q.store.ClaimPlans(ctx, tx, names, plans, ids)
+			if err != nil {
+				return err
+			}
+			won = len(winners)
+			if won == 0 {
+				return nil
+			}
+			batch := make([]JobSpec, 0, won)
+			for _, id := range winners {
+				batch = append(batch, specs[id])
+			}
+			_, err = q.insert(ctx, tx, batch)
+			return err
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				q.log.Warn("backlog: enqueueing periodic jobs failed", "err", err)
+			}
+			return retry
+		}
+		s.mu.Lock()
+		for _, d := range dues {
+			if d.plan.After(d.sc.last) {
+				d.sc.last = d.plan
+			}
+		}
+		s.mu.Unlock()
+		q.log.Debug("backlog: periodic plans due", "plans", len(dues), "enqueued_here", won)
+	}
+	next := time.Time{}
+	s.mu.Lock()
+	for _, sc := range scheds {
+		if n := sc.planner.next(maxTime(sc.last, dbNow)); next.IsZero() || n.Before(next) {
+			next = n
+		}
+	}
+	s.mu.Unlock()
+	if next.IsZero() {
+		return time.Hour // no schedules
+	}
+	// dbNow was read at readAt on the local clock; whatever that clock's
+	// offset from the database, elapsed time on it is real.
+	elapsed := q.cfg.clock().Sub(readAt)
+	return max(next.Sub(dbNow)-elapsed, 0) + time.Millisecond
+}
+
+// missedPlans returns up to n of the most recent plans in (last, now].
+func missedPlans(p planner, last, now time.Time, n int) []time.Time {
+	if ev, ok := p.(everyPlanner); ok {
+		d := time.Duration(ev)
+		var out []time.Time
+		for t := now.Truncate(d); t.After(last) && len(out) < n; t = t.Add(-d) {
+			out = append(out, t)
+		}
+		return out
+	}
+	var ring []time.Time
+	for t, i := p.next(last), 0; !t.After(now) && i < 1_000_000 && !t.IsZero(); t, i = p.next(t), i+1 {
+		ring = append(ring, t)
+		if len(ring) > n {
+			ring = ring[1:]
+		}
+	}
+	return ring
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
