@@ -7,7 +7,7 @@
 GO ?= go
 export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 
-.PHONY: test test-short lint demo bench bench-quick
+.PHONY: test test-short lint demo bench bench-quick measure test-faults
 
 test: lint
 	scripts/with-db.sh $(GO) test -race -count=1 -timeout 8m ./...
@@ -20,3 +20,17 @@ lint:
 
 demo:
 	scripts/with-db.sh $(GO) run ./examples/quickstart
+
+# Benchmarks (bench/ is its own module, so the library never depends on River):
+#   make bench        full run: backlog vs River (default and tuned) vs a raw-SQL floor (about 13 minutes)
+#   make bench-quick  the same workloads, smaller and shorter (about 2.5 minutes)
+# Both print a markdown table and write it to bench/results/latest.md.
+bench:
+	cd bench && ../scripts/with-db.sh $(GO) run ./cmd/bench
+
+bench-quick:
+	cd bench && ../scripts/with-db.sh $(GO) run ./cmd/bench -quick
+
+# Cost of a periodic tick, a cleaner pass and Stats with 1M finished jobs.
+measure:
+	BACKLOG_MEASURE=1 scripts/with-db.sh $(GO) test -count=1 -run TestMeasureMaintenanceCost -v . | grep -E 'measure_test|ok|FAIL'
