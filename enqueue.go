@@ -139,23 +139,18 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]
 	}
 	posts = dedupePostings(posts)
 
-	var now, held []posting
-	switch {
-	case q.cfg.pollOnly:
-		// no NOTIFY; local wake after commit below
-	case tx != nil:
-		now = posts // delivered only if the caller's transaction commits
-	default:
-		now, held = q.notif.take(posts)
-	}
+	var now []posting
 	var db store.DB = q.pool
 	if tx != nil {
 		db = tx
+		if !q.cfg.pollOnly {
+			now = posts // delivered only if the caller's transaction commits
+		}
 	}
 	if err := q.store.Insert(ctx, db, rows, encodePostings(now)); err != nil {
 		return nil, classify(fmt.Errorf("enqueueing %d job(s): %w", len(rows), err))
 	}
-	q.afterCommit(tx, posts, held)
+	q.afterCommit(tx, posts)
 	return out, nil
 }
 
@@ -163,7 +158,7 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]
 // in one transaction: the caller's, or one of its own.
 func (q *Queue) insertGraph(ctx context.Context, tx pgx.Tx, jobs []store.GraphJob) ([]Inserted, error) {
 	var out []Inserted
-	var posts, held []posting
+	var posts []posting
 	callerTx := tx
 	run := func(tx pgx.Tx) error {
 		res, err := q.store.InsertGraph(ctx, tx, jobs)
@@ -181,15 +176,10 @@ func (q *Queue) insertGraph(ctx context.Context, tx pgx.Tx, jobs []store.GraphJo
 			}
 		}
 		posts = dedupePostings(posts)
-		var now []posting
-		switch {
-		case q.cfg.pollOnly:
-		case callerTx != nil:
-			now = posts
-		default:
-			now, held = q.notif.take(posts)
+		if callerTx == nil || q.cfg.pollOnly {
+			return nil // announced after the commit
 		}
-		return q.store.NotifyTx(ctx, tx, encodePostings(now))
+		return q.store.NotifyTx(ctx, tx, encodePostings(posts))
 	}
 	var err error
 	if tx != nil {
@@ -200,20 +190,20 @@ func (q *Queue) insertGraph(ctx context.Context, tx pgx.Tx, jobs []store.GraphJo
 	if err != nil {
 		return nil, classify(err)
 	}
-	q.afterCommit(tx, posts, held)
+	q.afterCommit(tx, posts)
 	return out, nil
 }
 
-// afterCommit wakes workers once jobs inserted outside a caller's
-// transaction are committed: locally in poll-only mode, else through the
-// coalescer's trailing posting.
-func (q *Queue) afterCommit(tx pgx.Tx, posts, held []posting) {
+// afterCommit announces jobs inserted outside a caller's transaction once
+// they are committed: to this process's workers in poll-only mode, else
+// through the notifier.
+func (q *Queue) afterCommit(tx pgx.Tx, posts []posting) {
 	switch {
 	case tx != nil:
 	case q.cfg.pollOnly:
 		q.postLocal(posts)
 	default:
-		q.notif.hold(held)
+		q.notif.post(posts)
 	}
 }
 

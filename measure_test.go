@@ -4,9 +4,12 @@ import (
 	"context"
 	"os"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog/internal/testdb"
@@ -87,4 +90,80 @@ func TestMeasureMaintenanceCost(t *testing.T) {
 		require.NoError(t, err)
 	})
 	t.Logf("Stats (1 statement, whole table): median %s", stats)
+}
+
+// TestMeasureEnqueueNotify measures single-row enqueue throughput from 16
+// goroutines: backlog's Enqueue with notifications (the default notifier)
+// and without (WithPollOnly), against raw SQL inserts with and without a
+// pg_notify in every insert's transaction. Only with BACKLOG_MEASURE=1.
+func TestMeasureEnqueueNotify(t *testing.T) {
+	if os.Getenv("BACKLOG_MEASURE") == "" {
+		t.Skip("set BACKLOG_MEASURE=1 to run (make measure)")
+	}
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testdb.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	defer testdb.Close()
+	raw := func(notify bool) func(q *Queue) error {
+		return func(q *Queue) error {
+			sql := `INSERT INTO "` + q.cfg.schema + `".jobs (id, type, args) VALUES ($1, 'bench.enqueue', '{"n": 1}')`
+			if notify {
+				sql = `WITH ins AS (` + sql + ` RETURNING 1) SELECT pg_notify('` + q.store.Channel + `', '{"type":"bench.enqueue"}') FROM ins`
+			}
+			_, err := pool.Exec(ctx, sql, NewID())
+			return err
+		}
+	}
+	viaQueue := func(q *Queue) error {
+		_, err := q.Enqueue(ctx, "bench.enqueue", map[string]int{"n": 1})
+		return err
+	}
+	modes := []struct {
+		name string
+		opt  Option
+		do   func(q *Queue) error
+	}{
+		{"Enqueue, notifier (default)", func(*config) {}, viaQueue},
+		{"Enqueue, no NOTIFY (poll-only)", WithPollOnly(), viaQueue},
+		{"raw INSERT + NOTIFY in each tx", func(*config) {}, raw(true)},
+		{"raw INSERT, no NOTIFY", func(*config) {}, raw(false)},
+	}
+	const clients, window = 16, 5 * time.Second
+	results := map[string][]float64{}
+	for round := range 3 {
+		for _, m := range modes {
+			schema := testdb.Schema(t)
+			q, err := New(ctx, pool, WithSchema(schema), m.opt)
+			require.NoError(t, err)
+			require.NoError(t, q.Migrate(ctx))
+			var n atomic.Int64
+			deadline := time.Now().Add(window)
+			var wg sync.WaitGroup
+			for range clients {
+				wg.Go(func() {
+					for time.Now().Before(deadline) {
+						if err := m.do(q); err != nil {
+							t.Error(err)
+							return
+						}
+						n.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			require.NoError(t, q.Close())
+			rate := float64(n.Load()) / window.Seconds()
+			results[m.name] = append(results[m.name], rate)
+			t.Logf("round %d: %-32s %8.0f inserts/s", round+1, m.name, rate)
+		}
+	}
+	for _, m := range modes {
+		r := results[m.name]
+		sort.Float64s(r)
+		t.Logf("median of 3: %-32s %8.0f inserts/s (16 clients, one job per transaction)", m.name, r[1])
+	}
 }

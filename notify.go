@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"sort"
 	"sync"
 	"time"
 
@@ -48,111 +47,116 @@ func postingKey(typ string, tags map[string]string) string {
 	return domainKey([]string{typ}, tags)
 }
 
-// coalescer limits the NOTIFY postings this process sends from Enqueue and
-// EnqueueMany to one per (type, tags) per interval. A posting that is due
-// inside the interval is held back, and one trailing posting per pair is
-// sent (outside any writing transaction) when the interval ends, so no job
-// waits for the backup poll.
-type coalescer struct {
+// notifier announces jobs that this process's own transactions committed
+// (Enqueue, EnqueueMany, periodic jobs). A NOTIFY inside the inserting
+// transaction would hold PostgreSQL's database-wide notification lock through
+// that transaction's commit (and its fsync), serialising every notifying
+// commit: measured here, 17,000 single-row inserts/s fell to 5,400/s. So the
+// insert commits without it, and the notifier sends the postings afterwards
+// from a transaction of its own that commits asynchronously (nothing in it
+// needs to be durable), holding the lock for microseconds.
+//
+// Postings are coalesced: one NOTIFY transaction at a time, carrying one
+// posting per (type, tags) for everything committed while the previous one
+// was in flight, and at most one per interval (WithNotifyInterval); postings
+// held back go out in one trailing NOTIFY when the interval ends, so no job
+// waits for the backup poll. EnqueueTx still notifies inside the caller's
+// transaction: only its commit may announce the job.
+type notifier struct {
 	interval time.Duration
 	send     func(ctx context.Context, ps []posting) error
 	log      *slog.Logger
 
-	mu       sync.Mutex
-	last     map[string]time.Time // when a posting for the pair was last sent
-	trailing map[string]posting   // held back, to send when the interval ends
-	timer    *time.Timer
-	closed   bool
-	wg       sync.WaitGroup
+	mu      sync.Mutex
+	pending map[string]posting // due time in In as Unix milliseconds while pending
+	order   []string
+	running bool // a sender goroutine is active
+	closed  bool
+	wg      sync.WaitGroup
+	stop    chan struct{}
 }
 
-func newCoalescer(interval time.Duration, log *slog.Logger, send func(context.Context, []posting) error) *coalescer {
-	return &coalescer{interval: interval, send: send, log: log, last: map[string]time.Time{}, trailing: map[string]posting{}}
+func newNotifier(interval time.Duration, log *slog.Logger, send func(context.Context, []posting) error) *notifier {
+	return &notifier{interval: interval, send: send, log: log, pending: map[string]posting{}, stop: make(chan struct{})}
 }
 
-// take splits postings into those to send now, inside the inserting
-// transaction, and those held back. Held-back postings must be handed to
-// defer once the transaction has committed.
-func (c *coalescer) take(ps []posting) (now, held []posting) {
-	if c == nil || c.interval <= 0 {
-		return ps, nil
-	}
-	t := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, p := range ps {
-		k := postingKey(p.Type, p.Tags)
-		if last, ok := c.last[k]; ok && t.Sub(last) < c.interval {
-			held = append(held, p)
-			continue
-		}
-		c.last[k] = t
-		now = append(now, p)
-	}
-	return now, held
-}
-
-// hold queues postings whose jobs have committed, to send when the current
-// interval ends.
-func (c *coalescer) hold(ps []posting) {
-	if len(ps) == 0 {
+// post queues postings of committed jobs and makes sure a sender runs.
+func (n *notifier) post(ps []posting) {
+	if n == nil || len(ps) == 0 {
 		return
 	}
 	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
 		return
 	}
 	for _, p := range ps {
-		// Keep the due time absolute while held.
 		p.In = now.Add(time.Duration(p.In) * time.Millisecond).UnixMilli()
 		k := postingKey(p.Type, p.Tags)
-		if q, ok := c.trailing[k]; ok {
+		if q, ok := n.pending[k]; ok {
 			p.In = min(p.In, q.In)
+		} else {
+			n.order = append(n.order, k)
 		}
-		c.trailing[k] = p
+		n.pending[k] = p
 	}
-	if c.timer == nil {
-		c.wg.Add(1)
-		c.timer = time.AfterFunc(c.interval, c.flush)
-	}
-}
-
-func (c *coalescer) flush() {
-	defer c.wg.Done()
-	c.mu.Lock()
-	ps := make([]posting, 0, len(c.trailing))
-	now := time.Now()
-	for k, p := range c.trailing {
-		p.In = max(p.In-now.UnixMilli(), 0)
-		ps = append(ps, p)
-		c.last[k] = now
-		delete(c.trailing, k)
-	}
-	c.timer = nil
-	c.mu.Unlock()
-	sort.Slice(ps, func(i, j int) bool { return ps[i].Type < ps[j].Type })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.send(ctx, ps); err != nil {
-		c.log.Warn("backlog: sending trailing notifications failed; idle workers fall back to the backup poll", "err", err)
+	if !n.running {
+		n.running = true
+		n.wg.Add(1)
+		go n.loop()
 	}
 }
 
-// close sends nothing more and waits for a flush in progress.
-func (c *coalescer) close() {
-	if c == nil {
+// loop sends pending postings until none are left, one NOTIFY transaction
+// at a time and at most one per interval.
+func (n *notifier) loop() {
+	defer n.wg.Done()
+	for {
+		n.mu.Lock()
+		if len(n.pending) == 0 || n.closed {
+			n.running = false
+			n.mu.Unlock()
+			return
+		}
+		now := time.Now().UnixMilli()
+		ps := make([]posting, 0, len(n.order))
+		for _, k := range n.order {
+			p := n.pending[k]
+			p.In = max(p.In-now, 0)
+			ps = append(ps, p)
+		}
+		n.pending, n.order = map[string]posting{}, nil
+		n.mu.Unlock()
+
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := n.send(ctx, ps); err != nil {
+			n.log.Warn("backlog: sending notifications failed; idle workers fall back to the backup poll", "err", err)
+		}
+		cancel()
+		if n.interval > 0 {
+			t := time.NewTimer(n.interval)
+			select {
+			case <-t.C:
+			case <-n.stop:
+				t.Stop()
+			}
+		}
+	}
+}
+
+// close sends nothing more and waits for a sender in progress.
+func (n *notifier) close() {
+	if n == nil {
 		return
 	}
-	c.mu.Lock()
-	c.closed = true
-	if c.timer != nil && c.timer.Stop() {
-		c.wg.Done()
-		c.timer = nil
+	n.mu.Lock()
+	if !n.closed {
+		n.closed = true
+		close(n.stop)
 	}
-	c.mu.Unlock()
-	c.wg.Wait()
+	n.mu.Unlock()
+	n.wg.Wait()
 }
 
 // listener owns the LISTEN connection. It wakes every domain after each

@@ -124,13 +124,13 @@ func WithListenConn(f func(context.Context) (*pgx.Conn, error)) Option {
 	return func(c *config) { c.listenConn = f }
 }
 
-// WithNotifyInterval caps the NOTIFY postings this process sends for one
-// (type, tags) pair from Enqueue and EnqueueMany to one per interval; jobs
-// enqueued in between are announced by one trailing posting at the end of
-// the interval. NOTIFY serialises the commits of notifying transactions in
-// PostgreSQL, so this keeps enqueue throughput high under load. EnqueueTx
-// always notifies inside the caller's transaction. Zero disables the
-// coalescing. Defaults to 2 milliseconds.
+// WithNotifyInterval spaces the NOTIFY transactions this process sends for
+// jobs it enqueued (Enqueue, EnqueueMany, periodic jobs) at least this far
+// apart; jobs enqueued in between are announced together, one posting per
+// (type, tags), by a trailing NOTIFY at the end of the interval. Only one
+// such transaction is ever in flight. EnqueueTx always notifies inside the
+// caller's transaction. Zero sends as fast as one transaction at a time
+// allows. Defaults to 2 milliseconds.
 func WithNotifyInterval(d time.Duration) Option { return func(c *config) { c.notifyInterval = d } }
 
 // WithSweepInterval sets how often this process looks for expired leases

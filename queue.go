@@ -48,7 +48,7 @@ type Queue struct {
 	cfg   config
 	log   *slog.Logger
 	store *store.Store
-	notif *coalescer
+	notif *notifier
 
 	bgCtx    context.Context // background loops run under it; Close cancels it
 	bgCancel context.CancelFunc
@@ -117,7 +117,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	q := &Queue{pool: pool, cfg: cfg, log: cfg.logger, store: store.New(pool, cfg.schema), closing: make(chan struct{})}
 	q.bgCtx, q.bgCancel = context.WithCancel(context.Background())
 	if !cfg.pollOnly {
-		q.notif = newCoalescer(cfg.notifyInterval, q.log, q.sendPostings)
+		q.notif = newNotifier(cfg.notifyInterval, q.log, q.sendPostings)
 	}
 	return q, nil
 }

@@ -46,8 +46,8 @@ type Store struct {
 
 	jobs string // quoted, schema-qualified jobs table
 
-	insertSQL, claimOneSQL, claimManySQL, finishSQL, refusedSQL, extendSQL, sweepSQL, getSQL, notifySQL string
-	graph                                                                                               graphSQL
+	insertSQL, claimOneSQL, claimManySQL, finishSQL, refusedSQL, extendSQL, sweepSQL, getSQL, notifySQL, notifyAsyncSQL string
+	graph                                                                                                               graphSQL
 }
 
 // ChannelName is the NOTIFY channel used for a schema.
@@ -177,6 +177,10 @@ SELECT NULL::uuid, NULL::text, NULL::boolean FROM (SELECT pg_notify($2, json_bui
 FROM ` + s.jobs + ` WHERE id = $1`
 
 	s.notifySQL = `SELECT count(*) FROM (SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p) n`
+	// set_config(…, true) lasts until the end of the statement's implicit
+	// transaction, whose commit then skips the WAL flush wait.
+	s.notifyAsyncSQL = `SELECT count(*) FROM (SELECT set_config('synchronous_commit', 'off', true)) c,
+	LATERAL (SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p) n`
 	s.buildGraph()
 }
 
@@ -448,23 +452,12 @@ func (s *Store) SweepExpired(ctx context.Context, limit int) (int, error) {
 	return swept, err
 }
 
-// Notify sends NOTIFY postings outside any writing transaction. The
-// postings are not durable, so the transaction skips the synchronous commit
-// wait (and holds the notification queue lock for less time).
+// Notify sends NOTIFY postings in a transaction of their own: one
+// statement, committed asynchronously (the postings need no durability), so
+// the notification lock is held only for an instant.
 func (s *Store) Notify(ctx context.Context, payloads []string) error {
-	tx, err := s.Pool.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`, Mode); err != nil {
-		return err
-	}
 	var n int64
-	if err := tx.QueryRow(ctx, s.notifySQL, Mode, s.Channel, payloads).Scan(&n); err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+	return s.Pool.QueryRow(ctx, s.notifyAsyncSQL, Mode, s.Channel, payloads).Scan(&n)
 }
 
 // NotifyTx sends NOTIFY postings inside tx (delivered at commit).
