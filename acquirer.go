@@ -14,12 +14,22 @@ import (
 
 // acquirerStore is the one thing the Acquirer needs from the database.
 type acquirerStore interface {
-	// claim takes up to k due jobs for the domain under fresh leases. When
-	// it took fewer than k it also returns the time until the domain's next
-	// scheduled job is due (next >= 0), or next < 0 when there is none.
-	claim(ctx context.Context, d *domainSpec, k int) (jobs []*Job, next time.Duration, err error)
+	// claim takes up to k due jobs for the domain under fresh leases.
+	claim(ctx context.Context, d *domainSpec, k int) (claimResult, error)
 	// release gives back jobs that were claimed but that no acquiree took.
 	release(jobs []*Job)
+}
+
+// claimResult is what one claim took.
+type claimResult struct {
+	jobs []*Job
+	// next: when fewer than k jobs were taken, the time until the domain's
+	// next scheduled job is due; < 0 when there is none.
+	next time.Duration
+	// skipped: when fewer than k jobs were taken, due jobs of the domain
+	// exist that were locked by another transaction. The domain must not
+	// park on them: it queries again shortly.
+	skipped bool
 }
 
 // posting is the payload of a NOTIFY on the schema's channel. Most announce
@@ -76,8 +86,9 @@ type domain struct {
 	poll     *acqTimer   // backup poll, armed while parked
 	due      *acqTimer   // run_at timer
 	dueAt    time.Time
-	retry    *acqTimer // after a failed claim
+	retry    *acqTimer // after a failed claim, or one that skipped locked jobs
 	errs     backoff.BackOff
+	skips    backoff.BackOff
 }
 
 type acquiree struct {
@@ -111,9 +122,8 @@ func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*Job, error) 
 	}
 	d := a.domains[spec.key]
 	if d == nil {
-		b := backoff.NewExponentialBackOff()
-		b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 100*time.Millisecond, 5*time.Second, 0
-		d = &domain{spec: spec, errs: b}
+		d = &domain{spec: spec, errs: newBackoff(100*time.Millisecond, 5*time.Second, 0),
+			skips: newBackoff(5*time.Millisecond, time.Second, 0)}
 		a.domains[spec.key] = d
 	}
 	d.waiters = append(d.waiters, w)
@@ -175,7 +185,8 @@ func (a *acquirer) claimLoop(d *domain) {
 		d.pending = false
 		a.mu.Unlock()
 
-		jobs, next, err := a.store.claim(a.ctx, d.spec, k)
+		res, err := a.store.claim(a.ctx, d.spec, k)
+		jobs := res.jobs
 		if err == nil && len(jobs) > k {
 			// Broken invariant: keep what was asked for, give the rest back.
 			a.log.Error("backlog: claim returned more jobs than asked; releasing the extra",
@@ -216,16 +227,35 @@ func (a *acquirer) claimLoop(d *domain) {
 		case len(jobs) == k || d.pending:
 			// A full batch (there may be more), or woken meanwhile: go again.
 			d.errs.Reset()
+			d.skips.Reset()
 			a.mu.Unlock()
 			a.store.release(surplus)
 			continue
+		case res.skipped:
+			// Jobs are there but locked: by a claim about to take them, or
+			// by a transaction adding a dependent (possibly for as long as
+			// the caller's transaction lasts). Look again soon, backing off.
+			d.errs.Reset()
+			d.querying = false
+			wait := d.skips.NextBackOff()
+			d.retry = a.afterFuncLocked(wait, func(t *acqTimer) {
+				if d.retry == t {
+					d.retry = nil
+					a.maybeClaimLocked(d)
+				}
+			})
+			a.gcLocked(d)
+			a.mu.Unlock()
+			a.store.release(surplus)
+			return
 		default:
 			d.errs.Reset()
+			d.skips.Reset()
 			d.querying = false
 			d.parked = true
 			a.armPollLocked(d)
-			if next >= 0 {
-				a.armDueLocked(d, next)
+			if res.next >= 0 {
+				a.armDueLocked(d, res.next)
 			}
 			a.gcLocked(d)
 			a.mu.Unlock()

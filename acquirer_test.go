@@ -22,6 +22,7 @@ import (
 type fakeStore struct {
 	mu       sync.Mutex
 	jobs     []*fakeJob
+	locked   []*fakeJob // held by "another transaction": claims skip them
 	inFlight map[string]bool
 	overlap  []string
 	calls    []fakeCall
@@ -51,7 +52,7 @@ func (f *fakeStore) add(typ string, tags map[string]string, in time.Duration) *J
 	return j
 }
 
-func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k int) ([]*Job, time.Duration, error) {
+func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k int) (claimResult, error) {
 	f.mu.Lock()
 	if f.inFlight[d.key] {
 		f.overlap = append(f.overlap, d.key)
@@ -75,7 +76,7 @@ func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k int) ([]*Job, ti
 		err := f.errs[0]
 		f.errs = f.errs[1:]
 		f.calls = append(f.calls, fakeCall{key: d.key, k: k})
-		return nil, 0, err
+		return claimResult{}, err
 	}
 	now := time.Now()
 	var took []*Job
@@ -104,7 +105,39 @@ func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k int) ([]*Job, ti
 	if len(took) == k {
 		next = -1
 	}
-	return took, next, nil
+	skipped := false
+	if len(took) < k && len(f.locked) > 0 {
+		for _, fj := range f.locked {
+			skipped = skipped || (d.matches(fj.job.Type, fj.job.Tags) && !fj.dueAt.After(now))
+		}
+	}
+	return claimResult{jobs: took, next: next, skipped: skipped}, nil
+}
+
+// lock holds a job as another transaction would: claims skip it.
+func (f *fakeStore) lock(j *Job) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, fj := range f.jobs {
+		if fj.job == j {
+			f.locked = append(f.locked, fj)
+			f.jobs = append(f.jobs[:i:i], f.jobs[i+1:]...)
+			return
+		}
+	}
+}
+
+// unlock releases a job held with lock.
+func (f *fakeStore) unlock(j *Job) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, fj := range f.locked {
+		if fj.job == j {
+			f.jobs = append(f.jobs, fj)
+			f.locked = append(f.locked[:i:i], f.locked[i+1:]...)
+			return
+		}
+	}
 }
 
 func (f *fakeStore) release(jobs []*Job) {
@@ -505,4 +538,24 @@ func TestDomainKeyIsCanonical(t *testing.T) {
 	require.NotEqual(t, c.key, d.key)
 	_, err := newDomainSpec([]string{"a\x00b"}, nil)
 	require.ErrorIs(t, err, ErrInvalid)
+}
+
+func TestAcquirerDoesNotParkOnLockedJobs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		a := newTestAcquirer(t, st)
+		j := st.add("a", nil, 0)
+		st.lock(j) // e.g. an enqueue adding a dependent holds the row
+		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		synctest.Wait()
+		ta.requireBlocked()
+		calls := st.callCount()
+		time.Sleep(20 * time.Millisecond) // the skip backoff, not the backup poll
+		synctest.Wait()
+		require.Greater(t, st.callCount(), calls, "the domain looks again while jobs are locked")
+		st.unlock(j) // committed, with no posting
+		time.Sleep(time.Second)
+		synctest.Wait()
+		require.Equal(t, j.ID, ta.success().ID, "found well before the 30s backup poll")
+	})
 }

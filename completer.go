@@ -96,8 +96,7 @@ func (c *completer) write(ctx context.Context, batch []finishReq) {
 	}
 	payloads := encodePostings(again)
 
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 50*time.Millisecond, 2*time.Second, c.giveUp
+	b := newBackoff(50*time.Millisecond, 2*time.Second, c.giveUp)
 	written := make(map[uuid.UUID]store.Finished, len(fs))
 	pending := fs
 	err := backoff.Retry(func() error {

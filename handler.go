@@ -191,3 +191,12 @@ type retryBackoff Backoff
 
 func (r retryBackoff) applyWork(c *workConfig) { b := Backoff(r); c.backoff = &b }
 func (r retryBackoff) applyHandle(rt *route)   { b := Backoff(r); rt.backoff = &b }
+
+// newBackoff returns a jittered exponential backoff from initial to max;
+// maxElapsed 0 never gives up.
+func newBackoff(initial, max, maxElapsed time.Duration) *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = initial, max, maxElapsed
+	b.Reset() // NewExponentialBackOff reset with the default initial interval
+	return b
+}

@@ -175,8 +175,7 @@ type listener struct {
 }
 
 func (l *listener) run(ctx context.Context) {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 100*time.Millisecond, 5*time.Second, 0
+	b := newBackoff(100*time.Millisecond, 5*time.Second, 0)
 	for ctx.Err() == nil {
 		err := l.session(ctx, b)
 		if ctx.Err() != nil {

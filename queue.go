@@ -223,21 +223,24 @@ func (q *Queue) startListenerLocked() {
 }
 
 // claim implements acquirerStore: it runs the claim statement and registers
-// the leases before anyone sees the jobs.
-func (q *Queue) claim(ctx context.Context, d *domainSpec, k int) ([]*Job, time.Duration, error) {
+// the leases before anyone sees the jobs. A claim that takes longer than a
+// lease is abandoned: its jobs would be expired by the time it returned.
+func (q *Queue) claim(ctx context.Context, d *domainSpec, k int) (claimResult, error) {
 	sentAt := time.Now()
-	rows, next, err := q.store.Claim(ctx, d.types, d.tagsJ, k, q.cfg.lease, q.cfg.workerID)
+	ctx, cancel := context.WithTimeout(ctx, q.cfg.lease)
+	defer cancel()
+	res, err := q.store.Claim(ctx, d.types, d.tagsJ, k, q.cfg.lease, q.cfg.workerID)
 	if err != nil {
-		return nil, 0, fmt.Errorf("claiming jobs: %w", err)
+		return claimResult{}, fmt.Errorf("claiming jobs: %w", err)
 	}
-	jobs := make([]*Job, len(rows))
-	for i, r := range rows {
+	jobs := make([]*Job, len(res.Jobs))
+	for i, r := range res.Jobs {
 		jobs[i] = &Job{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, Attempt: r.Attempt,
 			MaxAttempts: r.MaxAttempts, Priority: r.Priority, Timeout: r.Timeout, CreatedAt: r.CreatedAt,
 			RunAt: r.RunAt, token: r.Token, waited: r.Waited}
 	}
 	q.leases.add(jobs, sentAt)
-	return jobs, next, nil
+	return claimResult{jobs: jobs, next: res.Next, skipped: res.Skipped}, nil
 }
 
 // release implements acquirerStore: the jobs go back to available at once

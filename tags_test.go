@@ -69,8 +69,10 @@ func TestTagMatchingTable(t *testing.T) {
 		d, err := newDomainSpec([]string{typ}, c.worker)
 		require.NoError(t, err, c.name)
 		require.Equal(t, c.match, d.matches(typ, c.job), "Go matcher: %s", c.name)
-		got, _, err := st.Claim(ctx, d.types, d.tagsJ, 10, time.Minute, "w")
+		res, err := st.Claim(ctx, d.types, d.tagsJ, 10, time.Minute, "w")
 		require.NoError(t, err, c.name)
+		require.False(t, res.Skipped, c.name)
+		got := res.Jobs
 		if c.match {
 			require.Len(t, got, 1, "SQL claim: %s", c.name)
 			require.Equal(t, r.ID, got[0].ID)
@@ -92,9 +94,10 @@ func TestTagMatchingTable(t *testing.T) {
 	}
 	d, err := newDomainSpec([]string{"multi.0", "multi.1", "multi.2"}, nil)
 	require.NoError(t, err)
-	got, next, err := st.Claim(ctx, d.types, d.tagsJ, 2, time.Minute, "w")
+	res, err := st.Claim(ctx, d.types, d.tagsJ, 2, time.Minute, "w")
 	require.NoError(t, err)
+	got := res.Jobs
 	require.Len(t, got, 2)
-	require.Equal(t, time.Duration(-1), next, "a full batch does not look for the next run_at")
+	require.Equal(t, time.Duration(-1), res.Next, "a full batch does not look for the next run_at")
 	require.ElementsMatch(t, []string{ids[1], ids[2]}, []string{got[0].ID.String(), got[1].ID.String()})
 }

@@ -87,7 +87,10 @@ SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM (SELECT pg_notify($10, 
 	// The claim. One statement locks up to $3 due jobs of the domain, marks
 	// them running under a fresh lease token, and, only when it found fewer
 	// than asked, also reports how long until the domain's next scheduled job
-	// is due (from the database clock), so a parked domain can arm a timer.
+	// is due (from the database clock), so a parked domain can arm a timer,
+	// and whether due jobs exist that it skipped because another
+	// transaction held them locked (a concurrent claim, or an enqueue adding
+	// a dependent): a domain must not park on those.
 	claim := func(next string) string {
 		return `WITH next AS (` + next + `), claimed AS (
 	UPDATE ` + s.jobs + ` j SET state = 'running', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
@@ -95,11 +98,15 @@ SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM (SELECT pg_notify($10, 
 	FROM next WHERE j.id = next.id
 	RETURNING ` + claimedCols + `
 )
-SELECT c.*, n.next_ms FROM (
+SELECT c.*, n.next_ms, n.skipped FROM (
 	SELECT CASE WHEN (SELECT count(*) FROM claimed) < $3 THEN (
 		SELECT ceil(extract(epoch FROM f.run_at - now()) * 1000)::bigint FROM ` + s.jobs + ` f
 		WHERE f.state = 'available' AND f.run_at > now() AND f.type = ANY($1::text[]) AND f.tags <@ $2::jsonb
-		ORDER BY f.run_at LIMIT 1) END AS next_ms
+		ORDER BY f.run_at LIMIT 1) END AS next_ms,
+	       CASE WHEN (SELECT count(*) FROM claimed) < $3 THEN EXISTS (
+		SELECT 1 FROM ` + s.jobs + ` f
+		WHERE f.state = 'available' AND f.run_at <= now() AND f.type = ANY($1::text[]) AND f.tags <@ $2::jsonb
+		  AND f.id NOT IN (SELECT id FROM claimed)) END AS skipped
 ) n LEFT JOIN claimed c ON true`
 	}
 	// One type: a plain range scan of the claim index in claim order.
@@ -247,21 +254,30 @@ type Claimed struct {
 	Waited      time.Duration // from run_at to the claim, on the database clock
 }
 
+// ClaimResult is what one claim statement took.
+type ClaimResult struct {
+	Jobs []Claimed
+	// Next is, when fewer than k jobs were taken, the time until the
+	// earliest future run_at of a job the domain could take; < 0: none.
+	Next time.Duration
+	// Skipped reports, when fewer than k jobs were taken, that due jobs
+	// exist which the claim skipped because they were locked.
+	Skipped bool
+}
+
 // Claim locks up to k due jobs of the given types whose tags are a subset of
-// workerTags and leases them to worker for lease. When it took fewer than k
-// jobs it also returns the time until the earliest future run_at of a job the
-// same domain could take (next >= 0), or next < 0 when there is none.
-func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k int, lease time.Duration, worker string) (jobs []Claimed, next time.Duration, err error) {
+// workerTags and leases them to worker for lease.
+func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k int, lease time.Duration, worker string) (ClaimResult, error) {
 	q := s.claimOneSQL
 	if len(types) > 1 {
 		q = s.claimManySQL
 	}
+	res := ClaimResult{Next: -1}
 	rows, err := s.Pool.Query(ctx, q, Mode, types, workerTags, k, lease.Milliseconds(), worker)
 	if err != nil {
-		return nil, 0, err
+		return res, err
 	}
 	defer rows.Close()
-	next = -1
 	for rows.Next() {
 		var (
 			id, token       *uuid.UUID
@@ -273,12 +289,17 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 			created, runAt  *time.Time
 			waitedUS        *int64
 			nextMS          *int64
+			skipped         *bool
 		)
-		if err := rows.Scan(&id, &typ, &args, &tags, &attempt, &maxAtt, &prio, &timeoutMS, &token, &created, &runAt, &waitedUS, &nextMS); err != nil {
-			return nil, 0, err
+		if err := rows.Scan(&id, &typ, &args, &tags, &attempt, &maxAtt, &prio, &timeoutMS, &token, &created, &runAt,
+			&waitedUS, &nextMS, &skipped); err != nil {
+			return res, err
 		}
 		if nextMS != nil {
-			next = max(0, time.Duration(*nextMS)*time.Millisecond)
+			res.Next = max(0, time.Duration(*nextMS)*time.Millisecond)
+		}
+		if skipped != nil {
+			res.Skipped = *skipped
 		}
 		if id == nil {
 			continue // the row that only carries next_ms
@@ -287,11 +308,11 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 			Priority: int(*prio), Timeout: time.Duration(*timeoutMS) * time.Millisecond, Token: *token,
 			CreatedAt: *created, RunAt: *runAt, Waited: time.Duration(*waitedUS) * time.Microsecond}
 		if err := json.Unmarshal(tags, &c.Tags); err != nil {
-			return nil, 0, fmt.Errorf("decoding tags of job %s: %w", c.ID, err)
+			return res, fmt.Errorf("decoding tags of job %s: %w", c.ID, err)
 		}
-		jobs = append(jobs, c)
+		res.Jobs = append(res.Jobs, c)
 	}
-	return jobs, next, rows.Err()
+	return res, rows.Err()
 }
 
 // Finish is one fenced terminal or retry write.
