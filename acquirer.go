@@ -214,12 +214,7 @@ func (a *acquirer) claimLoop(d *domain) {
 			}
 			wait := d.errs.NextBackOff()
 			a.log.Warn("backlog: claiming jobs failed; retrying", "types", d.spec.types, "in", wait, "err", err)
-			d.retry = a.afterFuncLocked(wait, func(t *acqTimer) {
-				if d.retry == t {
-					d.retry = nil
-					a.maybeClaimLocked(d)
-				}
-			})
+			a.retryLocked(d, wait)
 			a.gcLocked(d)
 			a.mu.Unlock()
 			a.store.release(surplus)
@@ -237,13 +232,7 @@ func (a *acquirer) claimLoop(d *domain) {
 			// the caller's transaction lasts). Look again soon, backing off.
 			d.errs.Reset()
 			d.querying = false
-			wait := d.skips.NextBackOff()
-			d.retry = a.afterFuncLocked(wait, func(t *acqTimer) {
-				if d.retry == t {
-					d.retry = nil
-					a.maybeClaimLocked(d)
-				}
-			})
+			a.retryLocked(d, d.skips.NextBackOff())
 			a.gcLocked(d)
 			a.mu.Unlock()
 			a.store.release(surplus)
@@ -263,6 +252,16 @@ func (a *acquirer) claimLoop(d *domain) {
 			return
 		}
 	}
+}
+
+// retryLocked makes the domain query again after wait (a wake comes first).
+func (a *acquirer) retryLocked(d *domain, wait time.Duration) {
+	d.retry = a.afterFuncLocked(wait, func(t *acqTimer) {
+		if d.retry == t {
+			d.retry = nil
+			a.maybeClaimLocked(d)
+		}
+	})
 }
 
 // wakeLocked makes a parked domain query again.

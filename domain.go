@@ -93,16 +93,20 @@ func tagsSubset(job, worker map[string]string) bool {
 	return true
 }
 
-func validateType(t string) error {
+func validateType(t string) error { return validateText("type", t, MaxTypeBytes, false) }
+
+// validateText checks a name PostgreSQL will store as text: bounded
+// length, no NUL byte, valid UTF-8, and not empty unless allowed.
+func validateText(field, s string, maxLen int, emptyOK bool) error {
 	switch {
-	case t == "":
-		return invalid("type", "must not be empty")
-	case len(t) > MaxTypeBytes:
-		return invalid("type", "%d bytes exceeds the %d-byte limit", len(t), MaxTypeBytes)
-	case strings.IndexByte(t, 0) >= 0:
-		return invalid("type", "%q contains a NUL byte", t)
-	case !utf8.ValidString(t):
-		return invalid("type", "%q is not valid UTF-8", t)
+	case s == "" && !emptyOK:
+		return invalid(field, "must not be empty")
+	case len(s) > maxLen:
+		return invalid(field, "%d bytes exceeds the %d-byte limit", len(s), maxLen)
+	case strings.IndexByte(s, 0) >= 0:
+		return invalid(field, "%q contains a NUL byte", s)
+	case !utf8.ValidString(s):
+		return invalid(field, "%q is not valid UTF-8", s)
 	}
 	return nil
 }

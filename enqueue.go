@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -403,17 +401,7 @@ func buildJob(s JobSpec) (store.GraphJob, error) {
 }
 
 // validateKey checks an ordering or unique key ("" means none).
-func validateKey(field, k string) error {
-	switch {
-	case len(k) > MaxKeyBytes:
-		return invalid(field, "%d bytes exceeds the %d-byte limit", len(k), MaxKeyBytes)
-	case strings.IndexByte(k, 0) >= 0:
-		return invalid(field, "%q contains a NUL byte", k)
-	case !utf8.ValidString(k):
-		return invalid(field, "%q is not valid UTF-8", k)
-	}
-	return nil
-}
+func validateKey(field, k string) error { return validateText(field, k, MaxKeyBytes, true) }
 
 // encodeArgs turns args into JSON text: raw JSON is validated, anything else
 // marshalled. The result must fit MaxArgsBytes and contain no NUL character

@@ -3,7 +3,6 @@ package backlog
 import (
 	"context"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -86,13 +85,8 @@ func (q *Queue) Cron(name, spec, typ string, args any, opts ...EnqueueOption) er
 }
 
 func (q *Queue) addSchedule(name string, p planner, typ string, args any, opts []EnqueueOption) error {
-	switch {
-	case name == "":
-		return invalid("schedule name", "must not be empty")
-	case len(name) > MaxTypeBytes:
-		return invalid("schedule name", "%d bytes exceeds the %d-byte limit", len(name), MaxTypeBytes)
-	case strings.IndexByte(name, 0) >= 0:
-		return invalid("schedule name", "%q contains a NUL byte", name)
+	if err := validateText("schedule name", name, MaxTypeBytes, false); err != nil {
+		return err
 	}
 	c := enqueueConfig{}
 	for _, o := range opts {

@@ -193,21 +193,8 @@ func (s *Store) InsertGraph(ctx context.Context, tx pgx.Tx, jobs []GraphJob) ([]
 		if err := tx.QueryRow(ctx, g.lockKeys, Mode, s.Schema, keys).Scan(&n); err != nil {
 			return nil, fmt.Errorf("locking ordering keys: %w", err)
 		}
-		rows, err := tx.Query(ctx, g.tails, Mode, keys)
-		if err != nil {
-			return nil, fmt.Errorf("finding ordering tails: %w", err)
-		}
-		for rows.Next() {
-			var k string
-			var id uuid.UUID
-			if err := rows.Scan(&k, &id); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			tails[k] = id
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+		var err error
+		if tails, err = idsByKey(ctx, tx, g.tails, keys); err != nil {
 			return nil, fmt.Errorf("finding ordering tails: %w", err)
 		}
 	}
@@ -375,22 +362,8 @@ func (s *Store) InsertGraph(ctx context.Context, tx pgx.Tx, jobs []GraphJob) ([]
 				dupKeys = append(dupKeys, j.UniqueKey)
 			}
 		}
-		rows, err := tx.Query(ctx, g.dups, Mode, dupKeys)
+		existing, err := idsByKey(ctx, tx, g.dups, dupKeys)
 		if err != nil {
-			return nil, fmt.Errorf("reading duplicates: %w", err)
-		}
-		existing := map[string]uuid.UUID{}
-		for rows.Next() {
-			var k string
-			var id uuid.UUID
-			if err := rows.Scan(&k, &id); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			existing[k] = id
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
 			return nil, fmt.Errorf("reading duplicates: %w", err)
 		}
 		for i, j := range jobs {
@@ -423,6 +396,21 @@ func (s *Store) InsertGraph(ctx context.Context, tx pgx.Tx, jobs []GraphJob) ([]
 		if _, err := tx.Exec(ctx, g.mark, Mode, open); err != nil {
 			return nil, fmt.Errorf("marking prerequisites: %w", err)
 		}
+	}
+	return out, nil
+}
+
+// idsByKey runs a query returning (key, id) rows for keys.
+func idsByKey(ctx context.Context, tx pgx.Tx, sql string, keys []string) (map[string]uuid.UUID, error) {
+	rows, err := tx.Query(ctx, sql, Mode, keys)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uuid.UUID{}
+	var k string
+	var id uuid.UUID
+	if _, err := pgx.ForEachRow(rows, []any{&k, &id}, func() error { out[k] = id; return nil }); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

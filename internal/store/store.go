@@ -358,22 +358,37 @@ func (s *Store) Finish(ctx context.Context, db DB, fs []Finish, payloads []strin
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	ok := make(map[uuid.UUID]Finished, n)
-	for rows.Next() {
-		var (
-			id    *uuid.UUID
-			state *string
-			deps  *bool
-		)
-		if err := rows.Scan(&id, &state, &deps); err != nil {
-			return nil, err
-		}
+	return scanFinished(rows)
+}
+
+// scanFinished reads (id, state, has_dependents) rows; rows with a NULL id
+// (those that only carried a pg_notify) are skipped.
+func scanFinished(rows pgx.Rows) (map[uuid.UUID]Finished, error) {
+	out := map[uuid.UUID]Finished{}
+	var (
+		id    *uuid.UUID
+		state *string
+		deps  *bool
+	)
+	_, err := pgx.ForEachRow(rows, []any{&id, &state, &deps}, func() error {
 		if id != nil {
-			ok[*id] = Finished{State: *state, HasDependents: *deps}
+			out[*id] = Finished{State: *state, HasDependents: *deps}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// endedWithDependents returns the jobs that reached a terminal state and
+// have dependents to release.
+func endedWithDependents(fs map[uuid.UUID]Finished) []uuid.UUID {
+	var out []uuid.UUID
+	for id, f := range fs {
+		if f.State != "available" && f.HasDependents {
+			out = append(out, id)
 		}
 	}
-	return ok, rows.Err()
+	return out
 }
 
 // RefusedForDependents returns which of the given leases are still held by
@@ -399,13 +414,7 @@ func (s *Store) FinishWithDependents(ctx context.Context, fs []Finish, payloads 
 		if out, err = s.Finish(ctx, tx, fs, payloads, true); err != nil {
 			return err
 		}
-		var terminal []uuid.UUID
-		for id, f := range out {
-			if f.State != "available" && f.HasDependents {
-				terminal = append(terminal, id)
-			}
-		}
-		return s.Release(ctx, tx, terminal)
+		return s.Release(ctx, tx, endedWithDependents(out))
 	})
 	if err != nil {
 		return nil, err
@@ -445,30 +454,12 @@ func (s *Store) SweepExpired(ctx context.Context, limit int) (int, error) {
 		if err != nil {
 			return err
 		}
-		var ended []uuid.UUID
-		for rows.Next() {
-			var (
-				id    *uuid.UUID
-				state *string
-				deps  *bool
-			)
-			if err := rows.Scan(&id, &state, &deps); err != nil {
-				rows.Close()
-				return err
-			}
-			if id == nil {
-				continue
-			}
-			swept++
-			if *state != "available" && *deps {
-				ended = append(ended, *id)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+		done, err := scanFinished(rows)
+		if err != nil {
 			return err
 		}
-		return s.Release(ctx, tx, ended)
+		swept = len(done)
+		return s.Release(ctx, tx, endedWithDependents(done))
 	})
 	return swept, err
 }
