@@ -34,3 +34,11 @@ bench-quick:
 # Cost of a periodic tick, a cleaner pass and Stats with 1M finished jobs.
 measure:
 	BACKLOG_MEASURE=1 scripts/with-db.sh $(GO) test -count=1 -run 'TestMeasure' -v . | grep -E 'measure_test|ok|FAIL'
+
+# Fault-tolerance suite (faults/): SIGKILLed worker processes, terminated
+# backends, cut/slow/blackholed connections (in-test TCP proxy), LISTEN loss,
+# PgBouncer in transaction pooling (scripts/pgbouncer.sh installs and runs it),
+# bad input under load. A few minutes; `make test` skips it (BACKLOG_FAULTS unset).
+.PHONY: test-faults
+test-faults:
+	BACKLOG_FAULTS=1 scripts/with-db.sh $(GO) test -race -count=1 -v -timeout 15m ./faults/

@@ -23,6 +23,7 @@ type benchEnv struct {
 	local    bool // the server's processes are visible in /proc
 	notes    []string
 	schemas  atomic.Int64
+	noise    *noise
 }
 
 // openEnv creates a dedicated database for the run when it can, so that
@@ -90,6 +91,7 @@ func (e *benchEnv) connect(ctx context.Context) (*pgx.Conn, error) {
 // counter.
 func (e *benchEnv) newPool(ctx context.Context, counter *stmtCounter) (*pgxpool.Pool, error) {
 	pc := e.poolBase.Copy()
+	counter.byText = e.cfg.sqlStats
 	pc.ConnConfig.Tracer = counter
 	return pgxpool.NewWithConfig(ctx, pc)
 }
@@ -109,6 +111,18 @@ func (e *benchEnv) exec(ctx context.Context, sql string) error {
 	defer conn.Close(context.WithoutCancel(ctx))
 	_, err = conn.Exec(ctx, sql)
 	return err
+}
+
+// sqlStats logs the statements a system sent since the counter's texts were
+// last reset (with -sqlstats).
+func (e *benchEnv) sqlStats(what string, sys system) {
+	if !e.cfg.sqlStats {
+		return
+	}
+	logf("%s: statements sent, by text:", what)
+	for _, l := range sys.Counter().top(10) {
+		fmt.Fprintln(os.Stderr, l)
+	}
 }
 
 // dropSchema drops a schema, giving up rather than waiting for locks held by

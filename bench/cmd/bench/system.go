@@ -3,9 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"time"
 
+	"github.com/backlogq/backlog"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
 )
 
 // jobHook is called at the start of every handler with the job's sequence
@@ -38,8 +39,8 @@ type system interface {
 	Close(ctx context.Context)
 	// Pool is the system's pool (nil before Open).
 	Pool() *pgxpool.Pool
-	// Queries is the number of statements the pool has sent so far.
-	Queries() int64
+	// Counter counts the statements the pool sends.
+	Counter() *stmtCounter
 	// Tables tells the monitor where the jobs are.
 	Tables() jobTables
 }
@@ -64,11 +65,13 @@ func allKinds(cfg *config) []kind {
 	all := map[string]bool{"burndown": true, "steady": true, "latency": true, "idle": true}
 	return []kind{
 		{key: "backlog", label: "backlog default", workloads: all,
-			note: "backlog: backlog.New(ctx, pool, backlog.WithSchema(s)) and Work(ctx, h, backlog.Types(\"bench\")): every other setting at its default (Concurrency 100, LISTEN/NOTIFY, 2 ms notify coalescing).",
-			new:  func(e *benchEnv, s string) system { return newBacklog(e, s) }},
+			note: fmt.Sprintf("backlog: backlog.New(ctx, pool, backlog.WithSchema(s)) and Work(ctx, h, backlog.Types(%q)); every other setting at its default (Concurrency %d, LISTEN/NOTIFY, notify interval %s, lease %s).",
+				benchType, backlog.DefaultConcurrency, backlog.DefaultNotifyInterval, backlog.DefaultLease),
+			new: func(e *benchEnv, s string) system { return newBacklog(e, s) }},
 		{key: "river", label: "River default", workloads: all,
-			note: fmt.Sprintf("River default: one queue with MaxWorkers %d (River requires a number; 100 is the value its docs use), FetchCooldown %s and FetchPollInterval %s (its defaults).", riverDefaultWorkers, 100*time.Millisecond, time.Second),
-			new:  func(e *benchEnv, s string) system { return newRiver(e, s, false) }},
+			note: fmt.Sprintf("River default: one queue with MaxWorkers %d (River requires a number; 100 is the value its docs use), FetchCooldown %s and FetchPollInterval %s (its defaults). Both River columns run in their own schema through Config.Schema and rivermigrate's Config.Schema (no search_path), insert with Insert / InsertManyFast, and log warnings to stderr.",
+				riverDefaultWorkers, river.FetchCooldownDefault, river.FetchPollIntervalDefault),
+			new: func(e *benchEnv, s string) system { return newRiver(e, s, false) }},
 		{key: "river-tuned", label: "River tuned", workloads: all,
 			note: fmt.Sprintf("River tuned: the settings of River's own benchmark (riverbench): FetchCooldown %s, FetchPollInterval %s, MaxWorkers %d.", riverTunedCooldown, riverTunedPoll, riverTunedWorkers),
 			new:  func(e *benchEnv, s string) system { return newRiver(e, s, true) }},

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// config holds every knob of a run; quick and full differ only here.
+type config struct {
+	quick     bool
+	runs      int
+	only      []string
+	workloads []string
+	out       string
+	newDB     bool
+	sqlStats  bool
+	cpuProf   string
+
+	poolConns int32
+
+	burnJobs    int
+	burnTimeout time.Duration
+
+	steadyDur    time.Duration
+	steadyWarmup time.Duration
+	inserters    int
+
+	latRates  []int
+	latDurs   map[int]time.Duration
+	latSettle time.Duration
+
+	idleDur     time.Duration
+	idleWarmup  time.Duration
+	idleDomains int
+	idleWorkers int
+
+	floorConns int
+	floorBatch int
+
+	setupTimeout time.Duration
+	stopTimeout  time.Duration
+	totalTimeout time.Duration
+}
+
+var workloadNames = []string{"burndown", "steady", "latency", "idle"}
+
+func parseFlags(args []string) (*config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	quick := fs.Bool("quick", false, "the under-a-minute-or-two variant: fewer jobs, shorter phases, one run each, no 10/s latency rate")
+	only := fs.String("only", "backlog,river,river-tuned,floor", "systems to run (comma-separated): backlog, river, river-tuned, floor")
+	wls := fs.String("workloads", strings.Join(workloadNames, ","), "workloads to run (comma-separated): burndown, steady, latency, idle")
+	runs := fs.Int("runs", 0, "runs per system of the burn-down and steady-state workloads, reported as medians (default 3, or 1 with -quick)")
+	jobs := fs.Int("jobs", 0, "burn-down jobs (default 200000, or 20000 with -quick)")
+	out := fs.String("out", "results/latest.md", "also write the report to this file (empty: stdout only)")
+	pool := fs.Int("pool", 16, "MaxConns of each system's pgxpool")
+	newDB := fs.Bool("newdb", true, "run in a dedicated database created for the run (so transaction counts are the benchmark's alone)")
+	cpuProf := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	sqlStats := fs.Bool("sqlstats", false, "log each system's statements by text for every measured window (stderr)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	c := &config{quick: *quick, out: *out, newDB: *newDB, sqlStats: *sqlStats, cpuProf: *cpuProf, poolConns: int32(*pool),
+		inserters: 4, idleDomains: 20, idleWorkers: 10, floorConns: 2, floorBatch: 1000,
+		setupTimeout: 2 * time.Minute, stopTimeout: 20 * time.Second, latSettle: time.Second,
+		steadyWarmup: time.Second, idleWarmup: 11 * time.Second}
+	if c.quick {
+		c.runs, c.burnJobs, c.burnTimeout = 1, 20_000, 30*time.Second
+		c.steadyDur, c.idleDur = 10*time.Second, 10*time.Second
+		c.latRates = []int{100, 1000}
+		c.latDurs = map[int]time.Duration{100: 3 * time.Second, 1000: 3 * time.Second}
+		c.totalTimeout = 10 * time.Minute
+	} else {
+		c.runs, c.burnJobs, c.burnTimeout = 3, 200_000, 60*time.Second
+		c.steadyDur, c.idleDur = 30*time.Second, 60*time.Second
+		c.latRates = []int{10, 100, 1000}
+		c.latDurs = map[int]time.Duration{10: 10 * time.Second, 100: 5 * time.Second, 1000: 5 * time.Second}
+		c.totalTimeout = 45 * time.Minute
+	}
+	if *runs > 0 {
+		c.runs = *runs
+	}
+	if *jobs > 0 {
+		c.burnJobs = *jobs
+	}
+	if *pool < 1 {
+		return nil, fmt.Errorf("-pool must be at least 1")
+	}
+	var err error
+	if c.only, err = parseList(*only, []string{"backlog", "river", "river-tuned", "floor"}); err != nil {
+		return nil, fmt.Errorf("-only: %w", err)
+	}
+	if c.workloads, err = parseList(*wls, workloadNames); err != nil {
+		return nil, fmt.Errorf("-workloads: %w", err)
+	}
+	return c, nil
+}
+
+func parseList(s string, known []string) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if !slices.Contains(known, f) {
+			return nil, fmt.Errorf("unknown name %q (known: %s)", f, strings.Join(known, ", "))
+		}
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("empty list")
+	}
+	return out, nil
+}
+
+func (c *config) latDur(rate int) time.Duration { return c.latDurs[rate] }
+
+func (c *config) modeName() string {
+	if c.quick {
+		return "quick"
+	}
+	return "full"
+}
+
+func (c *config) runsText() string {
+	if c.runs == 1 {
+		return "one run"
+	}
+	return fmt.Sprintf("median of %d runs, range in parentheses", c.runs)
+}
+
+// describe explains how each row was measured.
+func (c *config) describe() []string {
+	var d []string
+	has := func(w string) bool { return slices.Contains(c.workloads, w) }
+	if has("burndown") {
+		d = append(d,
+			fmt.Sprintf("burn-down: %s jobs inserted first with each system's bulk insert (backlog EnqueueMany, River InsertManyFast; %d per call), then timed from starting the workers until no job is available or running (polled every 10 ms on a separate connection); %s; timeout %s.",
+				fmtInt(float64(c.burnJobs)), insertChunk, c.runsText(), c.burnTimeout),
+			"per job (during the burn-down): WAL = pg_current_wal_lsn() delta (server-wide: other databases' writes would be included); transactions = xact_commit + xact_rollback delta of the benchmark database in pg_stat_database, read after every connection of the phase exited, minus the harness's own; statements = statements the system's pool sent (pgx tracer); PostgreSQL CPU = utime+stime (schedstat) of the backends of the benchmark database plus the postmaster and background processes (walwriter, checkpointer, …), from /proc; bench CPU = getrusage of this process (the system's client library plus the harness's 10 ms poll).")
+	}
+	if has("steady") {
+		d = append(d, fmt.Sprintf("steady state: %d goroutines insert single jobs in a loop (backlog Enqueue, River Insert) while the workers run; after %s of warm-up, completed and inserted jobs are counted over %s and the available count sampled every second; %s.",
+			c.inserters, c.steadyWarmup, c.steadyDur, c.runsText()))
+	}
+	if has("latency") {
+		var rs []string
+		for _, r := range c.latRates {
+			rs = append(rs, fmt.Sprintf("%d/s for %s", r, c.latDur(r)))
+		}
+		d = append(d, fmt.Sprintf("pickup latency: single inserts on a fixed schedule (%s; %d producer goroutines share the schedule) while the workers are otherwise idle; latency = handler start − the moment the insert call returned (after its commit), both on this process's monotonic clock; percentiles over all jobs of one run.",
+			strings.Join(rs, ", "), latProducers))
+	}
+	if has("idle") {
+		d = append(d, fmt.Sprintf("idle: %d domains × %d workers (backlog: %d Work calls, each Concurrency(%d) with its own job type; River: %d queues with MaxWorkers %d, each config keeping its fetch settings), no jobs; measured over %s after %s of warm-up (longer than the 10 s for which an idle backend may hold back its statistics, so startup work stays out of the window), one run. pg_stat_database counts transactions, not statements (a first execution in pgx's describe modes adds one), and lags by up to 10 s, so it is approximate; the client-side statement count is exact.",
+			c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDur, c.idleWarmup))
+	}
+	return d
+}
