@@ -409,3 +409,42 @@ func TestGraphBadInput(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, 0, e.count("true"), "nothing was written")
 }
+
+// TestSweepReleasesDependents: a job whose worker died with its last
+// attempt fails by the sweep, and its dependents are cancelled in the same
+// transaction.
+func TestSweepReleasesDependents(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+	started := make(chan struct{})
+	mux := backlog.NewMux()
+	mux.HandleFunc("dies", func(ctx context.Context, job *backlog.Job) error {
+		close(started)
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	work(t, e.q, mux, backlog.Concurrency(1), backlog.GracePeriod(50*time.Millisecond))
+	a, err := e.q.Enqueue(ctx, "dies", nil, backlog.MaxAttempts(1))
+	require.NoError(t, err)
+	b, err := e.q.Enqueue(ctx, "after", nil, backlog.DependsOn(a))
+	require.NoError(t, err)
+	plain, err := e.q.Enqueue(ctx, "dies", nil) // expires too, no dependents
+	require.NoError(t, err)
+	<-started
+	_, err = e.pool.Exec(ctx, `UPDATE "`+e.schema+`".jobs SET state = 'running', attempt = 1,
+		lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second' WHERE id IN ($1, $2)`, a, plain)
+	require.NoError(t, err)
+	q2 := e.queue(e.pool)
+	n, err := q2.SweepExpired(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	info, err := e.q.Job(ctx, a)
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateFailed, info.State)
+	require.Contains(t, info.LastError, "lease expired")
+	info, err = e.q.Job(ctx, b)
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateCancelled, info.State)
+	require.Contains(t, info.LastError, a.String())
+}

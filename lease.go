@@ -154,7 +154,7 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 			still := make(map[uuid.UUID]bool, len(alive))
 			for _, e := range alive {
 				still[e.ID] = true
-				if le := l.held[e.ID]; le != nil {
+				if le := l.held[e.ID]; le != nil && e.Renewed {
 					le.deadline = sentAt.Add(l.duration - l.margin)
 					if e.CancelRequested {
 						l.stopLocked(le, ErrCancelled)

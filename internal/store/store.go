@@ -2,18 +2,24 @@
 // the code that binds and scans them. It knows nothing about handlers,
 // domains or leases beyond what a statement needs.
 //
-// Every statement runs with pgx.QueryExecModeCacheDescribe: an unnamed
-// statement planned afresh at each execution. That keeps the claim from ever
-// being stuck on a generic plan made when the table was empty (a 2-5x trap
-// measured on this workload), and it works through PgBouncer in transaction
-// pooling mode, which cannot keep named prepared statements.
+// Statements that read the jobs table run with
+// pgx.QueryExecModeCacheDescribe: an unnamed statement planned afresh at
+// each execution. That keeps them from ever being stuck on a generic plan
+// made when the table was empty (a 2-5x trap measured on this workload), and
+// it works through PgBouncer in transaction pooling mode, which cannot keep
+// named prepared statements. Statements whose plan cannot depend on the data
+// (inserts from parameter arrays, NOTIFY) run in the pool's own default mode,
+// so they are prepared once per connection unless the application configured
+// its pool otherwise (as it must behind PgBouncer).
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/google/uuid"
@@ -27,6 +33,16 @@ const Mode = pgx.QueryExecModeCacheDescribe
 
 // MaxErrors is how many attempt errors a job keeps; older ones are dropped.
 const MaxErrors = 20
+
+// ids16 converts IDs for binding: pgx encodes [16]byte natively, while
+// uuid.UUID goes through driver.Valuer and a failed fast path per element.
+func ids16(ids []uuid.UUID) [][16]byte {
+	out := make([][16]byte, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
+}
 
 // ErrNotFound is returned by Get for an unknown job ID.
 var ErrNotFound = errors.New("job not found")
@@ -152,13 +168,27 @@ SELECT NULL::uuid, NULL::text, NULL::boolean FROM (
 	s.refusedSQL = `SELECT j.id FROM ` + s.jobs + ` j JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, token) ON j.id = t.id
 WHERE j.lease_token = t.token AND j.state = 'running' AND j.has_dependents`
 
-	s.extendSQL = `UPDATE ` + s.jobs + ` j SET lease_expires_at = now() + $3 * interval '1 millisecond'
-FROM unnest($1::uuid[], $2::uuid[]) AS t(id, token)
-WHERE j.id = t.id AND j.lease_token = t.token AND j.state = 'running'
-RETURNING j.id, j.cancel_requested`
+	// Lease renewal skips rows another transaction holds (the completer
+	// finishing them, typically): it never waits, so it cannot deadlock
+	// with a finish, and it reports those rows as busy rather than lost.
+	s.extendSQL = `WITH t AS (
+	SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS t(id, token)
+), l AS (
+	SELECT j.id FROM ` + s.jobs + ` j JOIN t ON j.id = t.id
+	WHERE j.lease_token = t.token AND j.state = 'running'
+	ORDER BY j.id FOR NO KEY UPDATE OF j SKIP LOCKED
+), u AS (
+	UPDATE ` + s.jobs + ` j SET lease_expires_at = now() + $3 * interval '1 millisecond'
+	FROM l WHERE j.id = l.id
+	RETURNING j.id, j.cancel_requested
+)
+SELECT u.id, u.cancel_requested, true FROM u
+UNION ALL
+SELECT j.id, false, false FROM ` + s.jobs + ` j JOIN t ON j.id = t.id
+WHERE j.lease_token = t.token AND j.state = 'running' AND j.id NOT IN (SELECT id FROM u)`
 
 	s.sweepSQL = `WITH expired AS (
-	SELECT id FROM ` + s.jobs + ` WHERE state = 'running' AND lease_expires_at < now()
+	SELECT id FROM ` + s.jobs + ` WHERE state = 'running' AND lease_expires_at < now() AND (NOT has_dependents OR $3::boolean)
 	LIMIT $1 FOR UPDATE SKIP LOCKED
 ), swept AS (
 	UPDATE ` + s.jobs + ` j SET
@@ -177,7 +207,10 @@ SELECT NULL::uuid, NULL::text, NULL::boolean FROM (SELECT pg_notify($2, json_bui
 	FROM (SELECT DISTINCT type, tags FROM swept WHERE state = 'available') d) n
 UNION ALL
 SELECT NULL::uuid, NULL::text, NULL::boolean FROM (SELECT pg_notify($2, json_build_object('done', id)::text)
-	FROM swept WHERE notify_done AND state <> 'available') w`
+	FROM swept WHERE notify_done AND state <> 'available') w
+UNION ALL
+SELECT NULL::uuid, 'dependents', NULL::boolean WHERE NOT $3::boolean AND EXISTS (
+	SELECT 1 FROM ` + s.jobs + ` WHERE state = 'running' AND lease_expires_at < now() AND has_dependents)`
 
 	s.getSQL = `SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
 	COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at
@@ -227,7 +260,7 @@ func (s *Store) Insert(ctx context.Context, db DB, jobs []NewJob, payloads []str
 		payloads = []string{}
 	}
 	var inserted, notified int64
-	err := db.QueryRow(ctx, s.insertSQL, Mode, ids, types, args, tags, prios, runAts, delays, maxAtt, timeouts,
+	err := db.QueryRow(ctx, s.insertSQL, ids16(ids), types, args, tags, prios, runAts, delays, maxAtt, timeouts,
 		s.Channel, payloads).Scan(&inserted, &notified)
 	if err != nil {
 		return err
@@ -280,7 +313,7 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			id, token       *uuid.UUID
+			id, token       *[16]byte
 			typ             *string
 			args, tags      []byte
 			attempt, maxAtt *int32
@@ -338,6 +371,10 @@ type Finished struct {
 // allowDeps false, jobs that have dependents are refused too: Finish them
 // again with FinishWithDependents.
 func (s *Store) Finish(ctx context.Context, db DB, fs []Finish, payloads []string, allowDeps bool) (map[uuid.UUID]Finished, error) {
+	// In ID order, so concurrent writers that also lock in ID order (an
+	// enqueue adding dependents) cannot deadlock with it.
+	fs = append([]Finish(nil), fs...)
+	sort.Slice(fs, func(i, j int) bool { return bytes.Compare(fs[i].ID[:], fs[j].ID[:]) < 0 })
 	n := len(fs)
 	ids := make([]uuid.UUID, n)
 	tokens := make([]uuid.UUID, n)
@@ -354,7 +391,7 @@ func (s *Store) Finish(ctx context.Context, db DB, fs []Finish, payloads []strin
 	if payloads == nil {
 		payloads = []string{}
 	}
-	rows, err := db.Query(ctx, s.finishSQL, Mode, ids, tokens, states, delays, deltas, results, errs, s.Channel, payloads, allowDeps)
+	rows, err := db.Query(ctx, s.finishSQL, Mode, ids16(ids), ids16(tokens), states, delays, deltas, results, errs, s.Channel, payloads, allowDeps)
 	if err != nil {
 		return nil, err
 	}
@@ -366,7 +403,7 @@ func (s *Store) Finish(ctx context.Context, db DB, fs []Finish, payloads []strin
 func scanFinished(rows pgx.Rows) (map[uuid.UUID]Finished, error) {
 	out := map[uuid.UUID]Finished{}
 	var (
-		id    *uuid.UUID
+		id    *[16]byte
 		state *string
 		deps  *bool
 	)
@@ -395,7 +432,7 @@ func endedWithDependents(fs map[uuid.UUID]Finished) []uuid.UUID {
 // jobs that have dependents (their Finish was refused for that reason, not
 // because the lease was lost).
 func (s *Store) RefusedForDependents(ctx context.Context, ids, tokens []uuid.UUID) ([]uuid.UUID, error) {
-	rows, err := s.Pool.Query(ctx, s.refusedSQL, Mode, ids, tokens)
+	rows, err := s.Pool.Query(ctx, s.refusedSQL, Mode, ids16(ids), ids16(tokens))
 	if err != nil {
 		return nil, err
 	}
@@ -422,46 +459,86 @@ func (s *Store) FinishWithDependents(ctx context.Context, fs []Finish, payloads 
 	return out, nil
 }
 
-// Extended reports one lease a heartbeat renewed.
+// Extended reports one lease a heartbeat found still held.
 type Extended struct {
 	ID              uuid.UUID
 	CancelRequested bool
+	// Renewed is false when the row was locked by another transaction
+	// (being finished, typically): still held, but not renewed this time.
+	Renewed bool
 }
 
 // Extend renews the leases given by ids and tokens to now() + lease, fenced
-// like Finish. It returns the leases still held.
+// like Finish. It returns the leases still held; the others are lost.
 func (s *Store) Extend(ctx context.Context, ids, tokens []uuid.UUID, lease time.Duration) ([]Extended, error) {
-	rows, err := s.Pool.Query(ctx, s.extendSQL, Mode, ids, tokens, lease.Milliseconds())
+	rows, err := s.Pool.Query(ctx, s.extendSQL, Mode, ids16(ids), ids16(tokens), lease.Milliseconds())
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Extended, error) {
-		var e Extended
-		err := r.Scan(&e.ID, &e.CancelRequested)
-		return e, err
+	var out []Extended
+	var id [16]byte
+	var e Extended
+	_, err = pgx.ForEachRow(rows, []any{&id, &e.CancelRequested, &e.Renewed}, func() error {
+		e.ID = id
+		out = append(out, e)
+		return nil
 	})
+	return out, err
 }
 
 // SweepExpired returns up to limit running jobs whose lease has expired to
 // available (or failed, when their attempts are used up; cancelled when a
-// cancel was requested) and notifies the domains that can take them. Jobs
-// that ended with dependents have them released in the same transaction.
-// It returns how many it swept.
+// cancel was requested) and notifies the domains that can take them. It
+// returns how many it swept. One statement does it, unless expired jobs
+// have dependents: those are swept in a transaction that also releases
+// (or cancels) their dependents.
 func (s *Store) SweepExpired(ctx context.Context, limit int) (int, error) {
-	swept := 0
-	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, s.sweepSQL, Mode, limit, s.Channel)
-		if err != nil {
-			return err
-		}
-		done, err := scanFinished(rows)
-		if err != nil {
-			return err
-		}
-		swept = len(done)
-		return s.Release(ctx, tx, endedWithDependents(done))
+	n, withDeps, err := s.sweep(ctx, s.Pool, limit, false)
+	if err != nil || !withDeps {
+		return n, err
+	}
+	err = pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
+		m, _, err := s.sweep(ctx, tx, limit, true)
+		n += m
+		return err
 	})
-	return swept, err
+	return n, err
+}
+
+// sweep runs the sweep statement once on db. With allowDeps (inside a
+// transaction) it also takes jobs with dependents and releases them.
+func (s *Store) sweep(ctx context.Context, db DB, limit int, allowDeps bool) (n int, withDeps bool, err error) {
+	rows, err := db.Query(ctx, s.sweepSQL, Mode, limit, s.Channel, allowDeps)
+	if err != nil {
+		return 0, false, err
+	}
+	done := map[uuid.UUID]Finished{}
+	var (
+		id    *[16]byte
+		state *string
+		deps  *bool
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &state, &deps}, func() error {
+		switch {
+		case id != nil:
+			done[*id] = Finished{State: *state, HasDependents: *deps}
+		case state != nil: // the marker row: expired jobs with dependents wait
+			withDeps = true
+		}
+		return nil
+	}); err != nil {
+		return 0, false, err
+	}
+	if allowDeps {
+		tx, ok := db.(pgx.Tx)
+		if !ok {
+			return 0, false, errors.New("sweeping jobs with dependents needs a transaction")
+		}
+		if err := s.Release(ctx, tx, endedWithDependents(done)); err != nil {
+			return 0, false, err
+		}
+	}
+	return len(done), withDeps, nil
 }
 
 // Notify sends NOTIFY postings in a transaction of their own: one
