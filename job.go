@@ -39,7 +39,7 @@ type Job struct {
 	ID          uuid.UUID
 	Type        string
 	Args        json.RawMessage
-	Tags        map[string]string
+	Tags        map[string]string // nil when untagged
 	Attempt     int // 1 for the first attempt
 	MaxAttempts int
 	Priority    int
@@ -91,7 +91,7 @@ type JobInfo struct {
 	ID          uuid.UUID
 	Type        string
 	Args        json.RawMessage
-	Tags        map[string]string
+	Tags        map[string]string // nil when untagged
 	State       State
 	Priority    int
 	Attempt     int // attempts started so far

@@ -17,7 +17,7 @@ const (
 	DefaultPollJitter     = 3 * time.Second
 	DefaultNotifyInterval = 2 * time.Millisecond
 	DefaultSweepInterval  = 5 * time.Second
-	DefaultConcurrency    = 100
+	DefaultConcurrency    = 1000
 	DefaultGracePeriod    = 10 * time.Second
 	DefaultMaxAttempts    = 25
 	DefaultPriority       = 0
@@ -261,8 +261,11 @@ type workFunc func(*workConfig)
 
 func (f workFunc) applyWork(c *workConfig) { f(c) }
 
-// Concurrency sets how many jobs a Work call runs at once. Must be at least
-// 1. Defaults to 100.
+// Concurrency sets how many jobs a Work call runs at once: the number of
+// its worker goroutines, and so the largest batch one claim can take. Idle
+// workers hold no database connection and cost a few kilobytes each; lower
+// it when handlers are CPU-bound or each needs a connection of a small pool.
+// Must be at least 1. Defaults to 1,000.
 func Concurrency(n int) WorkOption { return workFunc(func(c *workConfig) { c.concurrency = n }) }
 
 // Types sets the job types a Work call claims. Required unless the handler

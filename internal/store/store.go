@@ -340,8 +340,10 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 		c := Claimed{ID: *id, Type: *typ, Args: args, Attempt: int(*attempt), MaxAttempts: int(*maxAtt),
 			Priority: int(*prio), Timeout: time.Duration(*timeoutMS) * time.Millisecond, Token: *token,
 			CreatedAt: *created, RunAt: *runAt, Waited: time.Duration(*waitedUS) * time.Microsecond}
-		if err := json.Unmarshal(tags, &c.Tags); err != nil {
-			return res, fmt.Errorf("decoding tags of job %s: %w", c.ID, err)
+		if string(tags) != "{}" { // most jobs are untagged: skip the decoder
+			if err := json.Unmarshal(tags, &c.Tags); err != nil {
+				return res, fmt.Errorf("decoding tags of job %s: %w", c.ID, err)
+			}
 		}
 		res.Jobs = append(res.Jobs, c)
 	}
