@@ -40,7 +40,7 @@ type Job struct {
 	Type        string
 	Args        json.RawMessage
 	Tags        map[string]string // nil when untagged
-	Attempt     int // 1 for the first attempt
+	Attempt     int               // 1 for the first attempt
 	MaxAttempts int
 	Priority    int
 	Timeout     time.Duration // 0: none
@@ -91,7 +91,7 @@ type JobInfo struct {
 	ID          uuid.UUID
 	Type        string
 	Args        json.RawMessage
-	Tags        map[string]string // nil when untagged
+	Tags        map[string]string
 	State       State
 	Priority    int
 	Attempt     int // attempts started so far
