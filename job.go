@@ -55,14 +55,16 @@ type Job struct {
 }
 
 // SetResult records a small JSON result, stored with the job when the
-// handler returns nil. It returns an error (and the job will fail with it)
-// when v does not marshal or is larger than the queue's result limit.
+// handler returns nil. When v does not marshal or is larger than
+// MaxResultBytes it returns a permanent error (matching ErrInvalid), and the
+// job fails with it whatever the handler returns.
 func (j *Job) SetResult(v any) error {
 	b, err := json.Marshal(v)
+	// A retry would produce the same result: the error is permanent.
 	if err == nil && len(b) > maxResultBytes {
-		err = invalid("result", "%d bytes exceeds the %d-byte limit", len(b), maxResultBytes)
+		err = Permanent(invalid("result", "%d bytes exceeds the %d-byte limit", len(b), maxResultBytes))
 	} else if err != nil {
-		err = invalid("result", "cannot marshal %T: %v", v, err)
+		err = Permanent(invalid("result", "cannot marshal %T: %v", v, err))
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()

@@ -141,7 +141,19 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 	ok := true
 	if len(ids) > 0 {
 		sentAt := time.Now()
-		cctx, cancel := context.WithTimeout(ctx, l.duration/3)
+		// Give up on the renewal by the earliest local deadline: the check
+		// below must not wait for a statement that cannot reach the
+		// database (a blocked call would otherwise delay the cancellation
+		// past the lease's expiry in the database).
+		l.mu.Lock()
+		stop := sentAt.Add(l.duration / 3)
+		for _, le := range l.held {
+			if !le.lost && le.deadline.Before(stop) {
+				stop = le.deadline
+			}
+		}
+		l.mu.Unlock()
+		cctx, cancel := context.WithDeadline(ctx, stop)
 		alive, err := l.store.Extend(cctx, ids, tokens, l.duration)
 		cancel()
 		l.mu.Lock()

@@ -204,7 +204,7 @@ func (w *worker) outcome(job *Job, err, cause error) store.Finish {
 	case err == nil:
 		res, rerr := job.result()
 		if rerr != nil {
-			f.State, f.Err = string(StateFailed), errText(rerr)
+			f.State, f.Err = string(StateFailed), errText(errors.Unwrap(rerr)) // the InputError, without "permanent: "
 			return f
 		}
 		f.State, f.Result = string(StateCompleted), res

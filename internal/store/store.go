@@ -193,7 +193,6 @@ WHERE j.lease_token = t.token AND j.state = 'running' AND j.id NOT IN (SELECT id
 ), swept AS (
 	UPDATE ` + s.jobs + ` j SET
 		state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'available' END,
-		run_at = now(),
 		last_error = 'lease expired: worker ' || COALESCE(j.worker, '?') || ' stopped renewing it',
 		errors = ` + errorsAppend("j.attempt", "'lease expired: worker ' || COALESCE(j.worker, '?') || ' stopped renewing it'") + `,
 		lease_token = NULL, lease_expires_at = NULL, worker = NULL,
@@ -260,8 +259,13 @@ func (s *Store) Insert(ctx context.Context, db DB, jobs []NewJob, payloads []str
 		payloads = []string{}
 	}
 	var inserted, notified int64
-	err := db.QueryRow(ctx, s.insertSQL, ids16(ids), types, args, tags, prios, runAts, delays, maxAtt, timeouts,
-		s.Channel, payloads).Scan(&inserted, &notified)
+	params := []any{ids16(ids), types, args, tags, prios, runAts, delays, maxAtt, timeouts, s.Channel, payloads}
+	// [16]byte IDs need the server's parameter types: modes that do not
+	// ask for them (exec, simple protocol) use the describe mode instead.
+	if m := s.Pool.Config().ConnConfig.DefaultQueryExecMode; m == pgx.QueryExecModeExec || m == pgx.QueryExecModeSimpleProtocol {
+		params = append([]any{Mode}, params...)
+	}
+	err := db.QueryRow(ctx, s.insertSQL, params...).Scan(&inserted, &notified)
 	if err != nil {
 		return err
 	}
@@ -489,9 +493,10 @@ func (s *Store) Extend(ctx context.Context, ids, tokens []uuid.UUID, lease time.
 }
 
 // SweepExpired returns up to limit running jobs whose lease has expired to
-// available (or failed, when their attempts are used up; cancelled when a
-// cancel was requested) and notifies the domains that can take them. It
-// returns how many it swept. One statement does it, unless expired jobs
+// available, keeping their run_at so they go ahead of jobs due later (or to
+// failed, when their attempts are used up; cancelled when a cancel was
+// requested), and notifies the domains that can take them. It returns how
+// many it swept. One statement does it, unless expired jobs
 // have dependents: those are swept in a transaction that also releases
 // (or cancels) their dependents.
 func (s *Store) SweepExpired(ctx context.Context, limit int) (int, error) {

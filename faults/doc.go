@@ -1,0 +1,10 @@
+// Package faults holds backlog's fault-tolerance suite (package faults_test):
+// worker processes killed with SIGKILL, database backends terminated, TCP
+// connections cut, slowed down or blackholed by an in-test proxy, the LISTEN
+// connection lost, PgBouncer in transaction pooling mode, and bad input
+// under load. Every scenario runs against a real PostgreSQL, stops by
+// itself, and ends with exact accounting of every job it enqueued.
+//
+// The suite is slow, so it runs only when BACKLOG_FAULTS=1 (make
+// test-faults); otherwise every test skips.
+package faults

@@ -1,0 +1,188 @@
+package faults_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/backlogq/backlog"
+)
+
+// listenerPID waits until exactly one backend of the queue under test is
+// LISTENing on the schema's channel and that backend's pid is not `not`, and
+// returns the pid.
+func (e *fenv) listenerPID(app string, not int32, within time.Duration) int32 {
+	e.t.Helper()
+	var pid int32
+	eventually(e.t, within, 10*time.Millisecond, "a LISTEN connection", func() bool {
+		rows, err := e.ctl.Query(context.Background(), `SELECT pid FROM pg_stat_activity
+			WHERE application_name = $1 AND query = $2`, app, `LISTEN "`+e.schema+`.backlog"`)
+		require.NoError(e.t, err)
+		var pids []int32
+		for rows.Next() {
+			var p int32
+			require.NoError(e.t, rows.Scan(&p))
+			pids = append(pids, p)
+		}
+		require.NoError(e.t, rows.Err())
+		if len(pids) == 1 && pids[0] != not {
+			pid = pids[0]
+			return true
+		}
+		return false
+	})
+	return pid
+}
+
+// TestListenerLoss kills only the LISTEN connection, again and again.
+func TestListenerLoss(t *testing.T) {
+	requireFaults(t)
+
+	// With a 500 ms backup poll, work continues under steady enqueues.
+	t.Run("under-load", func(t *testing.T) {
+		const kills = 6
+		e := newFEnv(t)
+		pool := e.pool("s4", 6, nil)
+		q := e.queue(pool, "s4", backlog.WithPollInterval(500*time.Millisecond), backlog.WithPollJitter(50*time.Millisecond))
+		work(t, q, e.recorder("s4"), backlog.Types("s4.work"), backlog.Concurrency(4))
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var enqueued atomic.Int64
+		for g := range 2 {
+			wg.Go(func() {
+				tick := time.NewTicker(5 * time.Millisecond)
+				defer tick.Stop()
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
+					}
+					_, err := q.Enqueue(context.Background(), "s4.work", map[string]int{"g": g, "i": i})
+					if err != nil {
+						t.Errorf("enqueue: %v", err)
+						return
+					}
+					enqueued.Add(1)
+				}
+			})
+		}
+		var killAt []time.Time
+		var back durations
+		pid := e.listenerPID(e.app("s4"), 0, 10*time.Second)
+		tick := time.NewTimer(500 * time.Millisecond)
+		for range kills {
+			<-tick.C
+			at := e.dbNow()
+			require.Equal(t, 1, e.count(`SELECT count(pg_terminate_backend($1))`, pid))
+			killAt = append(killAt, at)
+			pid = e.listenerPID(e.app("s4"), pid, 30*time.Second)
+			back = append(back, e.dbNow().Sub(at))
+			tick.Reset(700 * time.Millisecond)
+		}
+		tick.Stop()
+		close(stop)
+		wg.Wait()
+		e.waitSettled(30 * time.Second)
+		l := e.ledger()
+		require.EqualValues(t, enqueued.Load(), len(l.jobs))
+		l.requireExactlyOnce(t, "s4.work")
+		require.Empty(t, l.duplicates())
+		var pickup durations
+		for _, at := range killAt {
+			if s, ok := l.firstStartAfter(at, ""); ok {
+				pickup = append(pickup, s.Sub(at))
+			}
+		}
+		t.Logf("%d jobs, %d LISTEN kills; listener back after %s; kill → next job start: %s", len(l.jobs), kills, back, pickup)
+		report(t, summaryRow{
+			Scenario:   "4a. LISTEN connection killed under steady enqueues (backup poll 500 ms)",
+			Jobs:       len(l.jobs),
+			Faults:     fmt.Sprintf("%d kills of the LISTEN backend, 700 ms apart (listener back: %s)", kills, back),
+			Lost:       len(l.jobs) - l.states["completed"],
+			Duplicates: "0",
+			Pickup:     "kill → next job start: " + pickup.String(),
+		})
+	})
+
+	// With an hour-long backup poll, only the reconnect's wake-up of every
+	// domain can find a job inserted without NOTIFY right after the kill.
+	t.Run("reconnect-wakes-idle-workers", func(t *testing.T) {
+		const kills = 5
+		e := newFEnv(t)
+		q := e.queue(e.pool("s4", 6, nil), "s4", backlog.WithPollInterval(time.Hour))
+		started := make(chan struct{}, 100)
+		rec := e.recorder("s4")
+		work(t, q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+			err := rec(ctx, job)
+			started <- struct{}{}
+			return err
+		}), backlog.Types("s4.raw"), backlog.Concurrency(2))
+		// Warm up: one job through NOTIFY, so the domain is parked.
+		_, err := e.q.Enqueue(context.Background(), "s4.raw", nil)
+		require.NoError(t, err)
+		select {
+		case <-started:
+		case <-time.After(30 * time.Second):
+			t.Fatal("warm-up job did not run")
+		}
+		e.waitSettled(10 * time.Second)
+
+		var pickup durations
+		pid := e.listenerPID(e.app("s4"), 0, 10*time.Second)
+		for range kills {
+			// Kill, then insert with raw SQL (no NOTIFY), on one control
+			// connection, right after each other.
+			var inserted time.Time
+			conn, err := e.ctl.Acquire(context.Background())
+			require.NoError(t, err)
+			_, err = conn.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pid)
+			require.NoError(t, err)
+			err = conn.QueryRow(context.Background(), `INSERT INTO `+e.table("jobs")+` (id, type, args)
+				VALUES (gen_random_uuid(), 's4.raw', '{}') RETURNING clock_timestamp()`).Scan(&inserted)
+			conn.Release()
+			require.NoError(t, err)
+			select {
+			case <-started:
+			case <-time.After(30 * time.Second):
+				t.Fatal("a job inserted without NOTIFY after the LISTEN connection was killed was not picked up (backup poll is 1 h)")
+			}
+			newPID := e.listenerPID(e.app("s4"), pid, 30*time.Second)
+			// (The listener reuses a pooled connection: LISTEN's query_start,
+			// not backend_start, is when it came back.)
+			var listenStart time.Time
+			require.NoError(t, e.ctl.QueryRow(context.Background(), `SELECT query_start FROM pg_stat_activity WHERE pid = $1`, newPID).Scan(&listenStart))
+			require.True(t, listenStart.After(inserted), "LISTEN ran again before the job was inserted: the test did not test the wake-up")
+			pid = newPID
+			e.waitSettled(10 * time.Second)
+			l := e.ledger()
+			var first time.Time
+			for _, j := range l.jobs {
+				for _, x := range j.Execs {
+					if x.Started.After(inserted) && (first.IsZero() || x.Started.Before(first)) {
+						first = x.Started
+					}
+				}
+			}
+			pickup = append(pickup, first.Sub(inserted))
+		}
+		l := e.ledger()
+		require.Len(t, l.jobs, kills+1)
+		l.requireExactlyOnce(t, "s4.raw")
+		require.Empty(t, l.duplicates())
+		t.Logf("raw insert right after the LISTEN kill → picked up after: %s", pickup)
+		report(t, summaryRow{
+			Scenario:   "4b. LISTEN killed, job inserted without NOTIFY right after (backup poll 1 h)",
+			Jobs:       len(l.jobs),
+			Faults:     fmt.Sprintf("%d kills of the LISTEN backend", kills),
+			Lost:       len(l.jobs) - l.states["completed"],
+			Duplicates: "0",
+			Pickup:     "insert after kill → job start (via the reconnect's wake-up): " + pickup.String(),
+		})
+	})
+}

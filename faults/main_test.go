@@ -1,0 +1,393 @@
+package faults_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/backlogq/backlog"
+	"github.com/backlogq/backlog/internal/testdb"
+)
+
+// faultsEnv must be "1" for the suite to run; make test-faults sets it.
+const faultsEnv = "BACKLOG_FAULTS"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(childMain())
+	}
+	code := m.Run()
+	printSummary()
+	testdb.Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			os.Stderr.WriteString("goroutine leak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// requireFaults skips the test unless the slow fault suite was asked for.
+func requireFaults(t *testing.T) {
+	t.Helper()
+	if os.Getenv(faultsEnv) != "1" {
+		t.Skipf("fault-injection scenario (slow): set %s=1 to run it, e.g. `make test-faults`", faultsEnv)
+	}
+}
+
+// --- the summary table printed after the run ---
+
+type summaryRow struct {
+	Scenario   string
+	Jobs       int
+	Faults     string
+	Lost       int
+	Duplicates string
+	Pickup     string
+}
+
+var (
+	summaryMu sync.Mutex
+	summary   []summaryRow
+)
+
+func report(t *testing.T, r summaryRow) {
+	t.Helper()
+	t.Logf("summary: %s | jobs %d | faults: %s | lost %d | duplicates: %s | pickup: %s",
+		r.Scenario, r.Jobs, r.Faults, r.Lost, r.Duplicates, r.Pickup)
+	summaryMu.Lock()
+	defer summaryMu.Unlock()
+	summary = append(summary, r)
+}
+
+func printSummary() {
+	summaryMu.Lock()
+	defer summaryMu.Unlock()
+	if len(summary) == 0 {
+		return
+	}
+	var b strings.Builder
+	b.WriteString("\n| scenario | jobs | faults injected | jobs lost | duplicate executions (why) | worst pickup delay after recovery |\n")
+	b.WriteString("|---|---|---|---|---|---|\n")
+	for _, r := range summary {
+		fmt.Fprintf(&b, "| %s | %d | %s | %d | %s | %s |\n", r.Scenario, r.Jobs, r.Faults, r.Lost, r.Duplicates, r.Pickup)
+	}
+	fmt.Print(b.String())
+}
+
+// --- logging ---
+
+// logger writes the library's warnings and errors through t.Log (when -v),
+// tagged with who logs; debug and info are dropped to keep the output
+// readable.
+func logger(t testing.TB, who string) *slog.Logger {
+	if !testing.Verbose() {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("queue", who)
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// --- one scenario's database ---
+
+// fenv is one scenario's schema: the queue tables (migrated), an
+// executions table the handlers write to, and a control pool (the shared
+// test pool, direct to PostgreSQL, never a target of injected faults).
+type fenv struct {
+	t      *testing.T
+	schema string
+	ctl    *pgxpool.Pool
+	q      *backlog.Queue // on ctl: enqueues and lookups from the test
+}
+
+func newFEnv(t *testing.T) *fenv {
+	t.Helper()
+	ctl := testdb.Pool(t)
+	e := &fenv{t: t, schema: testdb.Schema(t), ctl: ctl}
+	e.q = e.queue(ctl, "control")
+	require.NoError(t, e.q.Migrate(context.Background()))
+	_, err := ctl.Exec(context.Background(), `CREATE TABLE `+e.table("executions")+` (
+		job_id     uuid        NOT NULL,
+		attempt    integer     NOT NULL,
+		worker     text        NOT NULL,
+		started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+		stopped_at timestamptz,
+		note       text)`)
+	require.NoError(t, err)
+	return e
+}
+
+// table returns a quoted, schema-qualified table name.
+func (e *fenv) table(name string) string { return pgx.Identifier{e.schema, name}.Sanitize() }
+
+// app is the application_name for the connections of one queue under test:
+// faults are injected by terminating backends with that name only.
+func (e *fenv) app(who string) string { return "bf_" + e.schema + "_" + who }
+
+// queue opens a Queue on e's schema over pool, closed at cleanup.
+func (e *fenv) queue(pool *pgxpool.Pool, who string, opts ...backlog.Option) *backlog.Queue {
+	e.t.Helper()
+	all := append([]backlog.Option{backlog.WithSchema(e.schema), backlog.WithLogger(logger(e.t, who)),
+		backlog.WithWorkerID(who)}, opts...)
+	q, err := backlog.New(context.Background(), pool, all...)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { require.NoError(e.t, q.Close()) })
+	return q
+}
+
+// pool opens a pool for a queue under test, closed at cleanup. Its
+// connections carry application_name e.app(who); edit may change the
+// config further (e.g. point it at a proxy).
+func (e *fenv) pool(who string, maxConns int32, edit func(*pgxpool.Config)) *pgxpool.Pool {
+	e.t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.URL())
+	require.NoError(e.t, err)
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["application_name"] = e.app(who)
+	if edit != nil {
+		edit(cfg)
+	}
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(e.t, err)
+	e.t.Cleanup(p.Close)
+	return p
+}
+
+// record inserts an execution row on db (the handler's side effect) and
+// returns its start time on the database clock.
+func (e *fenv) record(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, job *backlog.Job, worker string) (time.Time, error) {
+	var at time.Time
+	err := db.QueryRow(ctx, `INSERT INTO `+e.table("executions")+` (job_id, attempt, worker) VALUES ($1, $2, $3) RETURNING started_at`,
+		job.ID, job.Attempt, worker).Scan(&at)
+	return at, err
+}
+
+// dbNow reads the database clock on the control pool.
+func (e *fenv) dbNow() time.Time {
+	e.t.Helper()
+	var now time.Time
+	require.NoError(e.t, e.ctl.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&now))
+	return now
+}
+
+// work runs q.Work in the background; stop cancels it and returns Work's
+// error. It also runs at cleanup (before the queue closes).
+func work(t *testing.T, q *backlog.Queue, h backlog.Handler, opts ...backlog.WorkOption) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- q.Work(ctx, h, opts...) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// eventually polls cond every tick until it returns true or within passes.
+func eventually(t *testing.T, within, tick time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	tk := time.NewTicker(tick)
+	defer tk.Stop()
+	for {
+		if cond() {
+			return
+		}
+		select {
+		case <-deadline.C:
+			if cond() {
+				return
+			}
+			t.Fatalf("%s: not within %s", what, within)
+		case <-tk.C:
+		}
+	}
+}
+
+// count runs a count query on the control pool.
+func (e *fenv) count(sql string, args ...any) int {
+	e.t.Helper()
+	var n int
+	require.NoError(e.t, e.ctl.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// waitSettled waits until no job of the schema is blocked, available or
+// running any more.
+func (e *fenv) waitSettled(within time.Duration) {
+	e.t.Helper()
+	eventually(e.t, within, 50*time.Millisecond, "every job reaches a terminal state", func() bool {
+		return e.count(`SELECT count(*) FROM `+e.table("jobs")+` WHERE state IN ('blocked', 'available', 'running')`) == 0
+	})
+}
+
+// --- exact accounting ---
+
+type execRow struct {
+	Job     string
+	Attempt int
+	Worker  string
+	Started time.Time
+	Stopped *time.Time
+	Note    string
+}
+
+type jobRow struct {
+	ID        string
+	Type      string
+	State     string
+	Attempt   int
+	Worker    string
+	LastError string
+	Errors    []backlog.AttemptError
+	Execs     []execRow // by start time
+}
+
+// ledger is every job of a schema with its execution rows.
+type ledger struct {
+	jobs    map[string]*jobRow
+	states  map[string]int
+	execs   int
+	orphans int // execution rows of unknown jobs
+}
+
+func (e *fenv) ledger() *ledger {
+	e.t.Helper()
+	ctx := context.Background()
+	l := &ledger{jobs: map[string]*jobRow{}, states: map[string]int{}}
+	rows, err := e.ctl.Query(ctx, `SELECT id::text, type, state, attempt, COALESCE(worker, ''), COALESCE(last_error, ''), errors
+		FROM `+e.table("jobs"))
+	require.NoError(e.t, err)
+	for rows.Next() {
+		j := &jobRow{}
+		require.NoError(e.t, rows.Scan(&j.ID, &j.Type, &j.State, &j.Attempt, &j.Worker, &j.LastError, &j.Errors))
+		l.jobs[j.ID] = j
+		l.states[j.State]++
+	}
+	require.NoError(e.t, rows.Err())
+	rows, err = e.ctl.Query(ctx, `SELECT job_id::text, attempt, worker, started_at, stopped_at, COALESCE(note, '')
+		FROM `+e.table("executions")+` ORDER BY started_at, attempt`)
+	require.NoError(e.t, err)
+	for rows.Next() {
+		var x execRow
+		require.NoError(e.t, rows.Scan(&x.Job, &x.Attempt, &x.Worker, &x.Started, &x.Stopped, &x.Note))
+		l.execs++
+		if j := l.jobs[x.Job]; j != nil {
+			j.Execs = append(j.Execs, x)
+		} else {
+			l.orphans++
+		}
+	}
+	require.NoError(e.t, rows.Err())
+	return l
+}
+
+// duplicates returns the jobs that were executed more than once.
+func (l *ledger) duplicates() []*jobRow {
+	var out []*jobRow
+	for _, j := range l.jobs {
+		if len(j.Execs) > 1 {
+			out = append(out, j)
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].ID < out[b].ID })
+	return out
+}
+
+// requireExactlyOnce checks the common ground of every scenario: nothing is
+// left blocked, available or running; every job of the given types is
+// completed; the completing attempt is the last execution (same attempt,
+// same worker) and no attempt ran twice; execution rows name only known
+// jobs.
+func (l *ledger) requireExactlyOnce(t *testing.T, types ...string) {
+	t.Helper()
+	want := map[string]bool{}
+	for _, typ := range types {
+		want[typ] = true
+	}
+	require.Zero(t, l.orphans, "execution rows of unknown jobs")
+	for _, s := range []string{"blocked", "available", "running"} {
+		require.Zero(t, l.states[s], "jobs left %s", s)
+	}
+	for _, j := range l.jobs {
+		if !want[j.Type] {
+			continue
+		}
+		require.Equal(t, "completed", j.State, "job %s (%s): %+v", j.ID, j.Type, j)
+		require.NotEmpty(t, j.Execs, "completed job %s has no execution row", j.ID)
+		last := j.Execs[len(j.Execs)-1]
+		require.Equal(t, j.Attempt, last.Attempt, "job %s: the completing attempt is its last execution: %+v", j.ID, j)
+		require.Equal(t, j.Worker, last.Worker, "job %s: completed by the worker of its last execution: %+v", j.ID, j)
+		seen := map[int]bool{}
+		for _, x := range j.Execs {
+			require.False(t, seen[x.Attempt], "job %s: attempt %d executed twice: %+v", j.ID, x.Attempt, j.Execs)
+			seen[x.Attempt] = true
+		}
+	}
+}
+
+// errorOf returns the recorded error of one attempt, or "".
+func (j *jobRow) errorOf(attempt int) string {
+	for _, e := range j.Errors {
+		if e.Attempt == attempt {
+			return e.Error
+		}
+	}
+	return ""
+}
+
+// durations summarises pickup delays.
+type durations []time.Duration
+
+func (d durations) String() string {
+	if len(d) == 0 {
+		return "n/a"
+	}
+	s := append(durations(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return fmt.Sprintf("worst %s (median %s, n=%d)", s[len(s)-1].Round(time.Millisecond), s[len(s)/2].Round(time.Millisecond), len(s))
+}
+
+// firstStartAfter returns the earliest execution start after t, optionally
+// only of one worker.
+func (l *ledger) firstStartAfter(t time.Time, worker string) (time.Time, bool) {
+	var best time.Time
+	found := false
+	for _, j := range l.jobs {
+		for _, x := range j.Execs {
+			if x.Started.After(t) && (worker == "" || x.Worker == worker) && (!found || x.Started.Before(best)) {
+				best, found = x.Started, true
+			}
+		}
+	}
+	return best, found
+}
