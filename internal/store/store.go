@@ -62,8 +62,8 @@ type Store struct {
 
 	jobs string // quoted, schema-qualified jobs table
 
-	insertSQL, claimOneSQL, claimManySQL, finishSQL, refusedSQL, extendSQL, sweepSQL, getSQL, notifySQL, notifyAsyncSQL string
-	graph                                                                                                               graphSQL
+	insertSQL, claimSQL, finishSQL, refusedSQL, extendSQL, sweepSQL, getSQL, notifySQL, notifyAsyncSQL string
+	graph                                                                                              graphSQL
 }
 
 // ChannelName is the NOTIFY channel used for a schema.
@@ -86,9 +86,6 @@ func errorsAppend(attempt, errText string) string {
 		|| jsonb_build_array(jsonb_build_object('attempt', %s, 'at', now(), 'error', %s))`, MaxErrors, attempt, errText)
 }
 
-const claimedCols = `j.id, j.type, j.args, j.tags, j.attempt, j.max_attempts, j.priority, j.timeout_ms, j.lease_token, j.created_at, j.run_at,
-	(extract(epoch FROM now() - j.run_at) * 1e6)::bigint AS waited_us`
-
 func (s *Store) build() {
 	s.insertSQL = `WITH ins AS (
 	INSERT INTO ` + s.jobs + ` (id, type, args, tags, priority, run_at, max_attempts, timeout_ms)
@@ -100,43 +97,13 @@ func (s *Store) build() {
 )
 SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM (SELECT pg_notify($10, p) FROM unnest($11::text[]) AS p WHERE EXISTS (SELECT 1 FROM ins)) n)`
 
-	// The claim. One statement locks up to $3 due jobs of the domain, marks
-	// them running under a fresh lease token, and, only when it found fewer
-	// than asked, also reports how long until the domain's next scheduled job
-	// is due (from the database clock), so a parked domain can arm a timer,
-	// and whether due jobs exist that it skipped because another
-	// transaction held them locked (a concurrent claim, or an enqueue adding
-	// a dependent): a domain must not park on those.
-	claim := func(next string) string {
-		return `WITH next AS (` + next + `), claimed AS (
-	UPDATE ` + s.jobs + ` j SET state = 'running', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
-	       lease_expires_at = now() + $4 * interval '1 millisecond', worker = $5, started_at = now()
-	FROM next WHERE j.id = next.id
-	RETURNING ` + claimedCols + `
-)
-SELECT c.*, n.next_ms, n.skipped FROM (
-	SELECT CASE WHEN (SELECT count(*) FROM claimed) < $3 THEN (
-		SELECT ceil(extract(epoch FROM f.run_at - now()) * 1000)::bigint FROM ` + s.jobs + ` f
-		WHERE f.state = 'available' AND f.run_at > now() AND f.type = ANY($1::text[]) AND f.tags <@ $2::jsonb
-		ORDER BY f.run_at LIMIT 1) END AS next_ms,
-	       CASE WHEN (SELECT count(*) FROM claimed) < $3 THEN EXISTS (
-		SELECT 1 FROM ` + s.jobs + ` f
-		WHERE f.state = 'available' AND f.run_at <= now() AND f.type = ANY($1::text[]) AND f.tags <@ $2::jsonb
-		  AND f.id NOT IN (SELECT id FROM claimed)) END AS skipped
-) n LEFT JOIN claimed c ON true`
-	}
-	// One type: a plain range scan of the claim index in claim order.
-	s.claimOneSQL = claim(`SELECT id FROM ` + s.jobs + `
-	WHERE state = 'available' AND type = ($1::text[])[1] AND run_at <= now() AND tags <@ $2::jsonb
-	ORDER BY priority, run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED`)
-	// Several types: one ordered range scan per type, merged. A single scan
-	// with type = ANY(...) would have to sort every available job of those
-	// types on each claim.
-	s.claimManySQL = claim(`SELECT c.id FROM unnest($1::text[]) AS t(type) CROSS JOIN LATERAL (
-		SELECT id, priority, run_at FROM ` + s.jobs + `
-		WHERE state = 'available' AND type = t.type AND run_at <= now() AND tags <@ $2::jsonb
-		ORDER BY priority, run_at, id LIMIT $3 FOR UPDATE SKIP LOCKED) c
-	ORDER BY c.priority, c.run_at, c.id LIMIT $3`)
+	// The claim is the function claim() of migration 0004: it locks up to
+	// $3 due jobs of the domain, marks them running under a fresh lease
+	// token and, only when it found fewer than asked, also reports how long
+	// until the domain's next scheduled job is due (database clock) and
+	// whether due jobs exist that it skipped because another transaction
+	// held them locked. The function keeps its plans for the session.
+	s.claimSQL = `SELECT * FROM ` + pgx.Identifier{s.Schema, "claim"}.Sanitize() + `($1::text[], $2::jsonb, $3::integer, $4::bigint, $5::text)`
 
 	// The finish. Fenced by id, lease token and state; a cancel request
 	// turns a retry into cancelled. Without $10, rows of jobs with
@@ -305,12 +272,8 @@ type ClaimResult struct {
 // Claim locks up to k due jobs of the given types whose tags are a subset of
 // workerTags and leases them to worker for lease.
 func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k int, lease time.Duration, worker string) (ClaimResult, error) {
-	q := s.claimOneSQL
-	if len(types) > 1 {
-		q = s.claimManySQL
-	}
 	res := ClaimResult{Next: -1}
-	rows, err := s.Pool.Query(ctx, q, Mode, types, workerTags, k, lease.Milliseconds(), worker)
+	rows, err := s.Pool.Query(ctx, s.claimSQL, Mode, types, workerTags, k, lease.Milliseconds(), worker)
 	if err != nil {
 		return res, err
 	}

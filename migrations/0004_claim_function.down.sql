@@ -1,0 +1,1 @@
+DROP FUNCTION IF EXISTS claim(text[], jsonb, integer, bigint, text);
