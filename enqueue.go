@@ -139,16 +139,27 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]
 
 	var now []posting
 	var db store.DB = q.pool
-	if tx != nil {
+	inline := false
+	switch {
+	case q.cfg.pollOnly:
+	case tx != nil:
 		db = tx
-		if !q.cfg.pollOnly {
-			now = posts // delivered only if the caller's transaction commits
-		}
+		now = posts // delivered only if the caller's transaction commits
+	case q.notif.inline():
+		// Nothing else of this process is notifying: the insert carries
+		// its own NOTIFY, saving the notifier's round trip.
+		inline, now = true, posts
 	}
-	if err := q.store.Insert(ctx, db, rows, encodePostings(now)); err != nil {
+	err = q.store.Insert(ctx, db, rows, encodePostings(now))
+	if inline {
+		q.notif.inlineDone()
+	}
+	if err != nil {
 		return nil, classify(fmt.Errorf("enqueueing %d job(s): %w", len(rows), err))
 	}
-	q.afterCommit(tx, posts)
+	if !inline {
+		q.afterCommit(tx, posts)
+	}
 	return out, nil
 }
 
