@@ -15,7 +15,7 @@ const (
 	DefaultLease          = 30 * time.Second
 	DefaultPollInterval   = 30 * time.Second
 	DefaultPollJitter     = 3 * time.Second
-	DefaultNotifyInterval = 0
+	DefaultNotifyInterval = time.Duration(0)
 	DefaultSweepInterval  = 5 * time.Second
 	DefaultConcurrency    = 1000
 	DefaultGracePeriod    = 10 * time.Second

@@ -157,7 +157,7 @@ func (c *config) describe() []string {
 			"per job (during the burn-down): WAL = pg_current_wal_lsn() delta (server-wide: other databases' writes would be included); transactions = xact_commit + xact_rollback delta of the benchmark database in pg_stat_database, read after every connection of the phase exited, minus the harness's own; statements = statements the system's pool sent (pgx tracer); PostgreSQL CPU = utime+stime (schedstat) of the backends of the benchmark database plus the postmaster and background processes (walwriter, checkpointer, …), from /proc; bench CPU = getrusage of this process (the system's client library plus the harness's 10 ms poll).")
 	}
 	if has("steady") {
-		d = append(d, fmt.Sprintf("steady state: %d goroutines insert single jobs in a loop (backlog Enqueue, River Insert) while the workers run; after %s of warm-up, completed and inserted jobs are counted over %s and the available count sampled every second; %s.",
+		d = append(d, fmt.Sprintf("steady state: %d goroutines insert batches of 50 jobs in a loop (backlog EnqueueMany, River InsertManyFast) while the workers run; after %s of warm-up, completed and inserted jobs are counted over %s and the available count sampled every second; %s.",
 			c.inserters, c.steadyWarmup, c.steadyDur, c.runsText()))
 	}
 	if has("latency") {
