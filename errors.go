@@ -97,6 +97,7 @@ type InputError struct {
 	Reason string
 }
 
+// Error names the field and the problem.
 func (e *InputError) Error() string { return "backlog: invalid " + e.Field + ": " + e.Reason }
 
 // Is reports whether target is ErrInvalid.

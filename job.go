@@ -109,6 +109,7 @@ type JobInfo struct {
 	FinishedAt  *time.Time // when it reached a terminal state
 }
 
+// String is a one-line summary for logs.
 func (i JobInfo) String() string {
 	return fmt.Sprintf("job %s (%s) %s, attempt %d/%d", i.ID, i.Type, i.State, i.Attempt, i.MaxAttempts)
 }
