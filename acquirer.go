@@ -388,9 +388,26 @@ func (a *acquirer) close() {
 		}
 	}
 	a.mu.Unlock()
+	// Let claims in flight finish, so jobs they took are released rather
+	// than left running until their leases expire; cut them off if the
+	// database does not answer.
+	done := make(chan struct{})
+	go func() { // exits once a.wg is done; awaited below
+		a.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(closeClaimWait)
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	t.Stop()
 	a.cancel()
-	a.wg.Wait()
+	<-done
 }
+
+// closeClaimWait bounds how long close waits for claims in flight.
+const closeClaimWait = 5 * time.Second
 
 // checkIdle returns an error describing any domain state that should not
 // exist when no acquiree waits. Tests call it; it documents the invariants.

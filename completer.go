@@ -177,7 +177,9 @@ func (c *completer) writeOnce(ctx context.Context, fs []store.Finish, payloads [
 			again = append(again, f)
 		}
 	}
-	more, err := c.store.FinishWithDependents(ctx, again, nil)
+	// The first statement's postings went out before these jobs were
+	// written: send them again with the write that makes them available.
+	more, err := c.store.FinishWithDependents(ctx, again, payloads)
 	for id, f := range more {
 		written[id] = f
 	}

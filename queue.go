@@ -177,7 +177,9 @@ func (q *Queue) startLocked() {
 	if q.cfg.pollOnly {
 		localPost = q.postLocal
 	}
-	q.comp = newCompleter(q.store, q.leases, q.log, localPost, q.cfg.lease)
+	// A write that cannot land (database down, a row held by a long
+	// transaction) is retried for several leases before it is given up.
+	q.comp = newCompleter(q.store, q.leases, q.log, localPost, 4*q.cfg.lease)
 	compCtx, compStop := context.WithCancel(context.Background())
 	q.compStop, q.compDone = compStop, make(chan struct{})
 	go func() {
@@ -243,11 +245,12 @@ func (q *Queue) claim(ctx context.Context, d *domainSpec, k int) (claimResult, e
 	return claimResult{jobs: jobs, next: res.Next, skipped: res.Skipped}, nil
 }
 
-// release implements acquirerStore: the jobs go back to available at once
-// without spending the attempt.
+// release implements acquirerStore: the jobs go back to available at once,
+// keeping their place (run_at), without spending the attempt.
 func (q *Queue) release(jobs []*Job) {
 	for _, j := range jobs {
-		q.comp.submit(finishReq{job: j, f: store.Finish{ID: j.ID, Token: j.token, State: string(StateAvailable), AttemptDelta: -1}})
+		q.comp.submit(finishReq{job: j, f: store.Finish{ID: j.ID, Token: j.token, State: string(StateAvailable),
+			AttemptDelta: -1, Delay: -1}})
 	}
 }
 
@@ -273,7 +276,8 @@ func (q *Queue) postLocal(ps []posting) {
 // Close stops every Work call (as if their contexts were cancelled, with
 // their grace periods), waits for them, writes the outcomes still queued,
 // and stops the listener, heartbeat and sweep. It never closes the pool.
-// Close is idempotent; later calls return at once.
+// Close is idempotent; later calls return at once. Do not call it from a
+// handler or a hook: it waits for them to return.
 func (q *Queue) Close() error {
 	q.mu.Lock()
 	if q.closed {

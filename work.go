@@ -211,7 +211,7 @@ func (w *worker) outcome(job *Job, err, cause error) store.Finish {
 	case errors.Is(cause, ErrCancelled):
 		f.State, f.Err = string(StateCancelled), errText(fmt.Errorf("%w: %w", ErrCancelled, err))
 	case errors.Is(cause, ErrShutdown):
-		f.State, f.AttemptDelta = string(StateAvailable), -1
+		f.State, f.AttemptDelta, f.Delay = string(StateAvailable), -1, -1 // released, keeping its place
 	case errors.As(err, &snooze):
 		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), snooze.d, -1
 	case IsPermanent(err):

@@ -115,7 +115,7 @@ SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM (SELECT pg_notify($10, 
 ), done AS (
 	UPDATE ` + s.jobs + ` j SET
 		state = CASE WHEN j.cancel_requested AND f.state = 'available' THEN 'cancelled' ELSE f.state END,
-		run_at = CASE WHEN f.state = 'available' THEN now() + f.delay_ms * interval '1 millisecond' ELSE j.run_at END,
+		run_at = CASE WHEN f.state = 'available' AND f.delay_ms >= 0 THEN now() + f.delay_ms * interval '1 millisecond' ELSE j.run_at END,
 		attempt = j.attempt + f.attempt_delta,
 		result = f.result,
 		last_error = CASE WHEN j.cancel_requested AND f.state = 'available' THEN COALESCE(f.err, 'cancelled') ELSE COALESCE(f.err, j.last_error) END,
@@ -322,7 +322,7 @@ type Finish struct {
 	ID           uuid.UUID
 	Token        uuid.UUID
 	State        string        // completed, failed, cancelled or available
-	Delay        time.Duration // for available: run again at now() + Delay
+	Delay        time.Duration // for available: run again at now() + Delay; < 0 keeps run_at (a release)
 	AttemptDelta int           // -1 gives the attempt back (snooze, release)
 	Result       json.RawMessage
 	Err          *string // appended to the error history when set
@@ -355,6 +355,9 @@ func (s *Store) Finish(ctx context.Context, db DB, fs []Finish, payloads []strin
 	for i, f := range fs {
 		ids[i], tokens[i], states[i] = f.ID, f.Token, f.State
 		delays[i], deltas[i] = f.Delay.Milliseconds(), int32(f.AttemptDelta)
+		if f.Delay < 0 {
+			delays[i] = -1 // keep run_at
+		}
 		results[i], errs[i] = f.Result, f.Err
 	}
 	if payloads == nil {
