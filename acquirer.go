@@ -2,8 +2,6 @@ package backlog
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -408,15 +406,3 @@ func (a *acquirer) close() {
 
 // closeClaimWait bounds how long close waits for claims in flight.
 const closeClaimWait = 5 * time.Second
-
-// checkIdle returns an error describing any domain state that should not
-// exist when no acquiree waits. Tests call it; it documents the invariants.
-func (a *acquirer) checkIdle() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var errs []error
-	for k, d := range a.domains {
-		errs = append(errs, fmt.Errorf("domain %q still present (waiters %d, querying %v)", k, len(d.waiters), d.querying))
-	}
-	return errors.Join(errs...)
-}

