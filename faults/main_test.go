@@ -349,6 +349,16 @@ func (j *jobRow) errorOf(attempt int) string {
 	return ""
 }
 
+// errorAtOf returns when the error of an attempt was recorded.
+func (j *jobRow) errorAtOf(attempt int) time.Time {
+	for _, e := range j.Errors {
+		if e.Attempt == attempt {
+			return e.At
+		}
+	}
+	return time.Time{}
+}
+
 // durations summarises pickup delays.
 type durations []time.Duration
 
