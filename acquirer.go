@@ -10,7 +10,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 )
 
-// acquirerStore is the one thing the Acquirer needs from the database.
+// acquirerStore is the one thing the Acquirer needs from the database
+// (the claimer).
 type acquirerStore interface {
 	// claim takes up to k due jobs for the domain under fresh leases.
 	claim(ctx context.Context, d *domainSpec, k int) (claimResult, error)
@@ -28,18 +29,6 @@ type claimResult struct {
 	// exist that were locked by another transaction. The domain must not
 	// park on them: it queries again shortly.
 	skipped bool
-}
-
-// posting is the payload of a NOTIFY on the schema's channel. Most announce
-// that jobs of a type and tags became available, now or after In; Cancel
-// asks the worker holding a job to stop it; Done tells waiters a job has
-// finished.
-type posting struct {
-	Type   string            `json:"type,omitempty"`
-	Tags   map[string]string `json:"tags,omitempty"`
-	In     int64             `json:"in,omitempty"` // milliseconds until due; 0: due now
-	Cancel string            `json:"cancel,omitempty"`
-	Done   string            `json:"done,omitempty"`
 }
 
 // acquirer hands claimed jobs to workers ("acquirees").
@@ -60,6 +49,12 @@ type posting struct {
 // the domain queries again right after, so a job committed just after the
 // claim's snapshot is never left to the backup poll. A domain with no
 // acquiree is deleted: its timers are stopped and its goroutines awaited.
+//
+// An acquiree whose context ends while a claim is in flight stays in line
+// and is answered by that claim: with a job, which its caller must release
+// (so the release is accounted to the Work call that asked for the job), or
+// with nothing. So when acquire returns, no claim made on the acquiree's
+// behalf is still running.
 type acquirer struct {
 	store        acquirerStore
 	log          *slog.Logger
@@ -90,7 +85,8 @@ type domain struct {
 }
 
 type acquiree struct {
-	ch chan acquired // buffer of 1: the hand-out never blocks under a.mu
+	ch   chan acquired // buffer of 1: the hand-out never blocks under a.mu
+	gone bool          // its context ended during a claim: the claim answers it
 }
 
 type acquired struct {
@@ -107,7 +103,9 @@ func newAcquirer(store acquirerStore, log *slog.Logger, pollInterval, pollJitter
 }
 
 // acquire blocks until it is handed a job of the domain, ctx is done, or
-// the acquirer is closed.
+// the acquirer is closed. When ctx ends while a claim is in flight, it
+// waits for that claim, which may still hand it a job: it then returns the
+// job together with ctx's error, and the caller must release the job.
 func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*Job, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -134,17 +132,31 @@ func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*Job, error) 
 	case <-ctx.Done():
 	}
 	a.mu.Lock()
-	if d.removeLocked(w) {
+	if d.querying {
+		if d.indexLocked(w) >= 0 {
+			w.gone = true // the claim in flight answers it
+		}
+	} else if d.removeLocked(w) {
 		a.gcLocked(d)
 		a.mu.Unlock()
 		return nil, ctx.Err()
 	}
 	a.mu.Unlock()
-	// Handed a job at the moment ctx ended: it is in the buffer already.
-	if r := <-w.ch; r.job != nil {
-		a.store.release([]*Job{r.job})
+	// Answered by the claim (or handed a job at the moment ctx ended).
+	r := <-w.ch
+	if r.err != nil && r.job == nil {
+		return nil, r.err
 	}
-	return nil, ctx.Err()
+	return r.job, ctx.Err()
+}
+
+func (d *domain) indexLocked(w *acquiree) int {
+	for i, x := range d.waiters {
+		if x == w {
+			return i
+		}
+	}
+	return -1
 }
 
 func (d *domain) removeLocked(w *acquiree) bool {
@@ -173,8 +185,14 @@ func (a *acquirer) claimLoop(d *domain) {
 	defer a.wg.Done()
 	for {
 		a.mu.Lock()
-		k := len(d.waiters)
+		k := 0
+		for _, w := range d.waiters {
+			if !w.gone {
+				k++
+			}
+		}
 		if k == 0 || a.closed {
+			d.answerGoneLocked()
 			d.querying = false
 			a.gcLocked(d)
 			a.mu.Unlock()
@@ -195,11 +213,15 @@ func (a *acquirer) claimLoop(d *domain) {
 
 		a.mu.Lock()
 		n := min(len(jobs), len(d.waiters))
+		if a.closed {
+			n = 0 // every job is surplus: released below
+		}
 		for i := range n {
 			d.waiters[i].ch <- acquired{job: jobs[i]}
 		}
 		d.waiters = append([]*acquiree(nil), d.waiters[n:]...)
-		surplus := jobs[n:] // acquirees that left during the claim
+		d.answerGoneLocked()
+		surplus := jobs[n:] // only if the acquirer closed during the claim
 
 		switch {
 		case err != nil:
@@ -250,6 +272,21 @@ func (a *acquirer) claimLoop(d *domain) {
 			return
 		}
 	}
+}
+
+// answerGoneLocked answers the acquirees whose contexts ended during the
+// claim and that it did not hand a job.
+func (d *domain) answerGoneLocked() {
+	keep := d.waiters[:0]
+	for _, w := range d.waiters {
+		if w.gone {
+			w.ch <- acquired{}
+			continue
+		}
+		keep = append(keep, w)
+	}
+	clear(d.waiters[len(keep):])
+	d.waiters = keep
 }
 
 // retryLocked makes the domain query again after wait (a wake comes first).
@@ -377,9 +414,15 @@ func (a *acquirer) close() {
 		a.closed = true
 		for _, d := range a.domains {
 			for _, w := range d.waiters {
-				w.ch <- acquired{err: ErrClosed}
+				if d.querying {
+					w.gone = true // the claim in flight answers it
+				} else {
+					w.ch <- acquired{err: ErrClosed}
+				}
 			}
-			d.waiters = nil
+			if !d.querying {
+				d.waiters = nil
+			}
 			a.stopTimer(&d.poll)
 			a.stopTimer(&d.due)
 			a.stopTimer(&d.retry)
@@ -403,6 +446,9 @@ func (a *acquirer) close() {
 	a.cancel()
 	<-done
 }
+
+func (a *acquirer) start() {}
+func (a *acquirer) stop()  { a.close() }
 
 // closeClaimWait bounds how long close waits for claims in flight.
 const closeClaimWait = 5 * time.Second

@@ -228,6 +228,21 @@ func (ta *testAcquiree) requireBlocked() {
 	}
 }
 
+// requireHandedAfterCancel requires the answer to an acquiree cancelled
+// during a claim that handed it a job: the job, with context.Canceled.
+func (ta *testAcquiree) requireHandedAfterCancel() *Job {
+	ta.t.Helper()
+	select {
+	case r := <-ta.res:
+		require.ErrorIs(ta.t, r.err, context.Canceled)
+		require.NotNil(ta.t, r.job)
+		return r.job
+	default:
+		ta.t.Fatal("acquiree was not answered")
+		return nil
+	}
+}
+
 func (ta *testAcquiree) requireCanceled() {
 	ta.t.Helper()
 	ta.cancel()
@@ -421,20 +436,32 @@ func TestAcquirerCancelledAcquireeNeverStrandsDomain(t *testing.T) {
 		<-st.entered
 		second := startAcquiree(t, a, d)
 		synctest.Wait()
-		// The acquiree whose arrival started the claim leaves mid-claim.
-		first.requireCanceled()
+		// The acquiree whose arrival started the claim leaves mid-claim: it
+		// waits for the claim made on its behalf, which answers it with
+		// the job; its caller releases it (accounted to its Work call).
+		first.cancel()
+		synctest.Wait()
+		first.requireBlocked()
 		st.gate <- struct{}{}
 		synctest.Wait()
-		second.success() // the job claimed on first's behalf went to second
-		require.Empty(t, st.released, "the claim asked for one job and the remaining waiter got it")
+		first.requireHandedAfterCancel()
+		// The remaining waiter is served by the next claim.
+		<-st.entered
+		st.gate <- struct{}{}
+		synctest.Wait()
+		second.success()
+		require.Empty(t, st.released, "nothing is released behind a Work call's back")
 
-		// A lone acquiree leaving mid-claim: the claimed job is released.
+		// A lone acquiree leaving mid-claim of an empty domain is answered
+		// with nothing once the claim returns.
 		lone := startAcquiree(t, a, d)
 		<-st.entered
-		lone.requireCanceled()
+		lone.cancel()
+		synctest.Wait()
+		lone.requireBlocked()
 		st.gate <- struct{}{}
 		synctest.Wait()
-		require.Len(t, st.released, 1)
+		lone.requireCanceled()
 		require.NoError(t, a.checkIdle())
 		st.gate = nil
 	})

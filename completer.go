@@ -2,48 +2,90 @@ package backlog
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-	"github.com/google/uuid"
-
+	"github.com/backlogq/backlog/internal/isolate"
+	"github.com/backlogq/backlog/internal/pgerr"
 	"github.com/backlogq/backlog/internal/store"
 )
 
-// maxFinishBatch bounds one finish statement.
-const maxFinishBatch = 2000
+// Sizes of the completer.
+const (
+	// maxFinishBatch bounds one finish statement.
+	maxFinishBatch = 2000
+	// maxHeldOutcomes bounds the outcomes the completer holds (queued,
+	// being written, or in the slow lane). While it is reached, claims
+	// wait: the process stops taking work it could not record.
+	maxHeldOutcomes = 10_000
+	// slowLaneWriters bounds the writes that may wait for row locks at
+	// once.
+	slowLaneWriters = 4
+)
 
-// completer writes job outcomes. One goroutine writes everything that queued
-// up while its previous write was in flight, in one statement: group commit
-// with no fixed delay. Each write is fenced by lease token (store.Finish).
+// completer writes job outcomes. One goroutine writes everything that
+// queued up while its previous write was in flight, in one transaction:
+// group commit with no fixed delay. Each write is fenced by lease token
+// (store.Finish).
+//
+// Failure isolation: one job can never block, delay beyond its own retries,
+// or lose the outcome of another.
+//   - A row another transaction holds (a caller's open transaction that
+//     enqueued a dependent of the job, typically) is skipped by the batch
+//     and written alone in the slow lane, where waiting for the lock delays
+//     nobody else.
+//   - A batch that fails for a reason tied to one row is split until the
+//     row is alone (internal/isolate); every other outcome is written, and
+//     the offending job is failed with a reason that names the cause.
+//   - Transient errors (the database unreachable, restarting, a deadlock)
+//     are retried without limit. The completer never gives up on an outcome
+//     it holds: it keeps them (at most maxHeldOutcomes, with back-pressure
+//     on claims) and writes them when it can, fenced as always, so a lease
+//     that survived the outage is still honoured. Only when the Queue is
+//     closing does it drop outcomes whose leases have passed their local
+//     deadline: the database will hand those jobs out again.
 type completer struct {
-	store  *store.Store
-	leases *leases
-	log    *slog.Logger
-	post   func([]posting) // announces jobs made available again
-	giveUp time.Duration   // stop retrying a failed write after this long
+	run      runner
+	store    *store.Store
+	leases   *leases
+	log      *slog.Logger
+	announce announcer
 
-	mu    sync.Mutex
-	queue []finishReq
-	wake  chan struct{} // buffer of 1: submit never blocks
+	mu       sync.Mutex
+	queue    []*finishReq
+	held     int
+	space    chan struct{} // closed when held drops below maxHeldOutcomes
+	wake     chan struct{} // buffer of 1: submit never blocks
+	slow     []*finishReq
+	slowN    int // slow-lane writers running
+	slowWake chan struct{}
+	stopping bool
+	slowWG   sync.WaitGroup
 }
 
+// finishReq is one outcome to record.
 type finishReq struct {
-	f    store.Finish
-	job  *Job
-	done func(written bool) // called once the write landed or was refused
+	f     store.Finish
+	job   *Job
+	done  func(written bool) // called once the write landed, was refused or dropped
+	tries int
+	after time.Time // slow lane: not before
 }
 
-func newCompleter(st *store.Store, ls *leases, log *slog.Logger, post func([]posting), giveUp time.Duration) *completer {
-	return &completer{store: st, leases: ls, log: log, post: post, giveUp: giveUp, wake: make(chan struct{}, 1)}
+func newCompleter(st *store.Store, ls *leases, log *slog.Logger, a announcer) *completer {
+	return &completer{store: st, leases: ls, log: log, announce: a, wake: make(chan struct{}, 1), slowWake: make(chan struct{}, 1)}
 }
+
+func (c *completer) start() { c.run.start(c.loop) }
+func (c *completer) stop()  { c.run.stop() }
 
 // submit queues an outcome. It never blocks.
-func (c *completer) submit(r finishReq) {
+func (c *completer) submit(r *finishReq) {
 	c.mu.Lock()
 	c.queue = append(c.queue, r)
+	c.held++
 	c.mu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
@@ -51,17 +93,43 @@ func (c *completer) submit(r finishReq) {
 	}
 }
 
-// run writes outcomes until stop ends, then writes what is left and
-// returns. Writes never run under stop's context: an outcome queued before
-// the stop is written (or given up after giveUp), not cut off.
-func (c *completer) run(stop context.Context) {
-	ctx := context.WithoutCancel(stop)
+// admit waits while the completer holds maxHeldOutcomes outcomes.
+func (c *completer) admit(ctx context.Context) error {
+	for {
+		c.mu.Lock()
+		if c.held < maxHeldOutcomes {
+			c.mu.Unlock()
+			return nil
+		}
+		if c.space == nil {
+			c.space = make(chan struct{})
+		}
+		ch := c.space
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// loop writes outcomes until ctx ends, then writes what is left, waits for
+// the slow lane and returns. Writes never run under ctx: an outcome queued
+// before the stop is written, not cut off.
+func (c *completer) loop(ctx context.Context) {
+	wctx := context.WithoutCancel(ctx)
 	for {
 		select {
 		case <-c.wake:
-			c.flush(ctx)
-		case <-stop.Done():
-			c.flush(ctx)
+			c.flush(wctx)
+		case <-ctx.Done():
+			c.mu.Lock()
+			c.stopping = true
+			c.mu.Unlock()
+			c.flush(wctx)
+			c.kickSlow()
+			c.slowWG.Wait()
 			return
 		}
 	}
@@ -85,103 +153,204 @@ func (c *completer) flush(ctx context.Context) {
 	}
 }
 
-func (c *completer) write(ctx context.Context, batch []finishReq) {
-	fs := make([]store.Finish, len(batch))
-	var again []posting
-	for i, r := range batch {
-		fs[i] = r.f
-		if r.f.State == string(StateAvailable) {
-			again = append(again, posting{Type: r.job.Type, Tags: r.job.Tags, In: max(r.f.Delay.Milliseconds(), 0)})
-		}
+// write records a batch, isolating failures, and retries what a transient
+// error held back until it is written.
+func (c *completer) write(ctx context.Context, batch []*finishReq) {
+	w := isolate.Writer[*finishReq]{
+		Write: func(ctx context.Context, rs []*finishReq) error {
+			ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			return c.writeBatch(ctx, rs, false)
+		},
+		Busy:   c.toSlow,
+		Poison: c.poison,
 	}
-	payloads := encodePostings(again)
-
-	b := newBackoff(50*time.Millisecond, 2*time.Second, c.giveUp)
-	written := make(map[uuid.UUID]store.Finished, len(fs))
-	pending := fs
-	err := backoff.Retry(func() error {
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		sent, err := c.writeOnce(wctx, pending, payloads, written)
-		if sent {
-			payloads = nil
+	b := newBackoff(50*time.Millisecond, 2*time.Second, 0)
+	pending := batch
+	for {
+		rest, err := w.Run(ctx, pending)
+		if err == nil {
+			return
 		}
-		if err != nil {
-			// Only what did not land is tried again.
-			rest := pending[:0:0]
-			for _, f := range pending {
-				if _, ok := written[f.ID]; !ok {
-					rest = append(rest, f)
-				}
-			}
-			pending = rest
-			if ctx.Err() != nil {
-				return backoff.Permanent(err)
-			}
-			c.log.Warn("backlog: recording job outcomes failed; retrying", "jobs", len(pending), "err", err)
+		if pending = c.dropStale(rest); len(pending) == 0 {
+			return
 		}
-		return err
-	}, backoff.WithContext(b, ctx))
-	if err != nil {
-		// The leases expire and the sweep makes these jobs available again.
-		c.log.Error("backlog: giving up recording job outcomes; their leases will expire", "jobs", len(pending), "err", err)
-	}
-	for _, r := range batch {
-		_, ok := written[r.f.ID]
-		if !ok && err == nil {
-			c.log.Warn("backlog: outcome refused: lease lost", "job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
-		}
-		c.leases.remove(r.f.ID, r.f.Token)
-		if r.done != nil {
-			r.done(ok)
-		}
-	}
-	if err == nil && len(again) > 0 && c.post != nil {
-		c.post(again)
+		c.log.Warn("backlog: recording job outcomes failed; retrying", "jobs", len(pending), "err", err)
+		t := time.NewTimer(b.NextBackOff())
+		<-t.C
 	}
 }
 
-// writeOnce writes a batch: one statement for jobs without dependents (the
-// common case); jobs it refused because they have dependents are then
-// written in a transaction that also releases their dependents. Writes that
-// took effect are added to written; sent reports whether the payloads went
-// out with a committed statement.
-func (c *completer) writeOnce(ctx context.Context, fs []store.Finish, payloads []string, written map[uuid.UUID]store.Finished) (sent bool, err error) {
-	got, err := c.store.Finish(ctx, c.store.Pool, fs, payloads, false)
+// writeBatch writes rs in one store.Finish and settles each outcome:
+// written, refused (the lease is gone) or busy (to the slow lane).
+func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, wait bool) error {
+	fs := make([]store.Finish, len(rs))
+	for i, r := range rs {
+		fs[i] = r.f
+	}
+	res, err := c.store.Finish(ctx, fs, wait)
 	if err != nil {
-		return false, err
+		return err
 	}
-	for id, f := range got {
-		written[id] = f
-	}
-	if len(got) == len(fs) {
-		return true, nil
-	}
-	var ids, tokens []uuid.UUID
-	for _, f := range fs {
-		if _, ok := got[f.ID]; !ok {
-			ids, tokens = append(ids, f.ID), append(tokens, f.Token)
+	var again []posting
+	for _, r := range rs {
+		switch res.Status[r.f.ID] {
+		case store.Written:
+			if res.State[r.f.ID] == string(StateAvailable) {
+				again = append(again, posting{Type: r.job.Type, Tags: r.job.Tags, In: max(r.f.Delay.Milliseconds(), 0)})
+			}
+			c.settle(r, true)
+		case store.Busy:
+			c.toSlow(r)
+		default:
+			c.log.Warn("backlog: outcome refused: lease lost", "job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
+			c.settle(r, false)
 		}
 	}
-	withDeps, err := c.store.RefusedForDependents(ctx, ids, tokens)
-	if err != nil || len(withDeps) == 0 {
-		return true, err
+	c.announce.committed(append(again, postingsOf(res.Avail)...))
+	return nil
+}
+
+// poison fails a job whose outcome could not be written for a reason tied
+// to its row, in a minimal write that carries none of the outcome's data.
+func (c *completer) poison(ctx context.Context, r *finishReq, cause error) error {
+	reason := fmt.Errorf("backlog: recording the job's outcome (%s) failed, so the job fails instead: %w", r.f.State, cause)
+	f := store.Finish{ID: r.f.ID, Token: r.f.Token, State: string(StateFailed), Err: errText(reason)}
+	res, err := c.store.Finish(ctx, []store.Finish{f}, true)
+	if err != nil {
+		return err
 	}
-	want := make(map[uuid.UUID]bool, len(withDeps))
-	for _, id := range withDeps {
-		want[id] = true
+	written := res.Status[f.ID] == store.Written
+	if written {
+		c.log.Error("backlog: a job's outcome could not be recorded; the job is failed", "job", r.f.ID, "type", r.job.Type, "err", cause)
 	}
-	var again []store.Finish
-	for _, f := range fs {
-		if want[f.ID] {
-			again = append(again, f)
+	c.announce.committed(postingsOf(res.Avail))
+	c.settle(r, written)
+	return nil
+}
+
+// settle ends an outcome's life in the completer.
+func (c *completer) settle(r *finishReq, written bool) {
+	if r.job != nil && r.job.lease != nil {
+		c.leases.remove(r.job.lease)
+	}
+	if r.done != nil {
+		r.done(written)
+	}
+	c.mu.Lock()
+	c.held--
+	if c.space != nil && c.held < maxHeldOutcomes {
+		close(c.space)
+		c.space = nil
+	}
+	c.mu.Unlock()
+}
+
+// dropStale returns rs, less (when the Queue is closing) the outcomes whose
+// leases have passed their local deadline, which are dropped.
+func (c *completer) dropStale(rs []*finishReq) []*finishReq {
+	c.mu.Lock()
+	stopping := c.stopping
+	c.mu.Unlock()
+	if !stopping {
+		return rs
+	}
+	now := time.Now()
+	keep := rs[:0:0]
+	for _, r := range rs {
+		if r.job != nil && r.job.lease != nil && c.leases.stale(r.job.lease, now) {
+			c.log.Error("backlog: closing: dropping an outcome that could not be written before its lease expired; the job will run again",
+				"job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
+			c.settle(r, false)
+			continue
 		}
+		keep = append(keep, r)
 	}
-	// The first statement's postings went out before these jobs were
-	// written: send them again with the write that makes them available.
-	more, err := c.store.FinishWithDependents(ctx, again, payloads)
-	for id, f := range more {
-		written[id] = f
+	return keep
+}
+
+// toSlow hands an outcome whose row was busy to the slow lane.
+func (c *completer) toSlow(r *finishReq) {
+	c.mu.Lock()
+	c.slow = append(c.slow, r)
+	if c.slowN < slowLaneWriters {
+		c.slowN++
+		c.slowWG.Go(c.slowLoop)
 	}
-	return true, err
+	c.mu.Unlock()
+	c.kickSlow()
+}
+
+func (c *completer) kickSlow() {
+	select {
+	case c.slowWake <- struct{}{}:
+	default:
+	}
+}
+
+// slowLoop writes busy outcomes one at a time, each waiting for its row
+// (up to store.SlowLockTimeout a try), until none is left.
+func (c *completer) slowLoop() {
+	ctx := context.Background()
+	for {
+		c.mu.Lock()
+		if len(c.slow) == 0 {
+			c.slowN--
+			c.mu.Unlock()
+			return
+		}
+		// The first outcome that is due; else wait for the earliest.
+		now := time.Now()
+		pick, earliest := -1, time.Time{}
+		for i, r := range c.slow {
+			if !r.after.After(now) {
+				pick = i
+				break
+			}
+			if earliest.IsZero() || r.after.Before(earliest) {
+				earliest = r.after
+			}
+		}
+		if pick < 0 {
+			c.mu.Unlock()
+			t := time.NewTimer(earliest.Sub(now))
+			select {
+			case <-t.C:
+			case <-c.slowWake:
+				t.Stop()
+			}
+			continue
+		}
+		r := c.slow[pick]
+		c.slow = append(c.slow[:pick:pick], c.slow[pick+1:]...)
+		c.mu.Unlock()
+		c.writeSlow(ctx, r)
+	}
+}
+
+// writeSlow writes one outcome, waiting for its row; on failure it goes
+// back to the slow lane for a later try (or is poisoned, when its row is
+// to blame).
+func (c *completer) writeSlow(ctx context.Context, r *finishReq) {
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err := c.writeBatch(wctx, []*finishReq{r}, true)
+	if err != nil && !pgerr.Transient(err) && !pgerr.Busy(err) {
+		err = c.poison(wctx, r, err)
+	}
+	cancel()
+	if err == nil {
+		return
+	}
+	if len(c.dropStale([]*finishReq{r})) == 0 {
+		return
+	}
+	r.tries++
+	wait := min(100*time.Millisecond<<min(r.tries, 5), 2*time.Second)
+	if r.tries%10 == 0 {
+		c.log.Warn("backlog: an outcome still waits for its row", "job", r.f.ID, "type", r.job.Type, "tries", r.tries, "err", err)
+	}
+	r.after = time.Now().Add(wait)
+	c.mu.Lock()
+	c.slow = append(c.slow, r)
+	c.mu.Unlock()
 }

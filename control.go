@@ -32,17 +32,16 @@ func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (State, error) {
 	if errors.Is(err, store.ErrNotFound) {
 		return "", fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
-	if err != nil {
-		return "", classify(fmt.Errorf("cancelling job %s: %w", id, err))
+	if errors.Is(err, store.ErrGraphContention) {
+		return "", &retryableError{err: fmt.Errorf("cancelling job %s: %w", id, err)}
 	}
+	if err != nil {
+		return "", q.readErr(ctx, fmt.Errorf("cancelling job %s: %w", id, err))
+	}
+	q.announce.committed(postingsOf(out.Avail))
 	if out.Requested {
 		// In poll-only mode no NOTIFY arrives; stop a local handler now.
-		q.mu.Lock()
-		ls := q.leases
-		q.mu.Unlock()
-		if ls != nil {
-			ls.cancel(id)
-		}
+		q.leases.cancel(id)
 	}
 	return State(out.State), nil
 }
@@ -57,18 +56,27 @@ func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 		q.mu.Unlock()
 		return nil, ErrClosed
 	}
-	q.startListenerLocked()
+	if q.listen != nil {
+		q.announce.start()
+		q.listen.start()
+	}
 	ch := q.waiters.add(id)
 	q.mu.Unlock()
 	defer q.waiters.remove(id, ch)
 
-	state, err := q.store.MarkWaiting(ctx, id)
+	w, err := q.store.MarkWaiting(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
-		return nil, classify(fmt.Errorf("waiting for job %s: %w", id, err))
+		return nil, q.readErr(ctx, fmt.Errorf("waiting for job %s: %w", id, err))
 	}
+	if w.Avail != nil {
+		// The mark locked the job for an instant: a claim may have
+		// skipped it and parked.
+		q.announce.committed(postingsOf([]store.Avail{*w.Avail}))
+	}
+	state := w.State
 	every := min(time.Second, q.cfg.pollInterval)
 	tick := time.NewTicker(every)
 	defer tick.Stop()

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"sort"
 	"strings"
-	"unicode/utf8"
 )
 
 // A domain is the set of workers that want the same job types with the same
@@ -91,43 +90,4 @@ func tagsSubset(job, worker map[string]string) bool {
 		}
 	}
 	return true
-}
-
-func validateType(t string) error { return validateText("type", t, MaxTypeBytes, false) }
-
-// validateText checks a name PostgreSQL will store as text: bounded
-// length, no NUL byte, valid UTF-8, and not empty unless allowed.
-func validateText(field, s string, maxLen int, emptyOK bool) error {
-	switch {
-	case s == "" && !emptyOK:
-		return invalid(field, "must not be empty")
-	case len(s) > maxLen:
-		return invalid(field, "%d bytes exceeds the %d-byte limit", len(s), maxLen)
-	case strings.IndexByte(s, 0) >= 0:
-		return invalid(field, "%q contains a NUL byte", s)
-	case !utf8.ValidString(s):
-		return invalid(field, "%q is not valid UTF-8", s)
-	}
-	return nil
-}
-
-func validateTags(field string, tags map[string]string) error {
-	if len(tags) > MaxTags {
-		return invalid(field, "%d tags exceeds the limit of %d", len(tags), MaxTags)
-	}
-	for k, v := range tags {
-		switch {
-		case k == "":
-			return invalid(field, "empty tag key")
-		case len(k) > MaxTagBytes || len(v) > MaxTagBytes:
-			return invalid(field, "tag %q: key and value must be at most %d bytes", k, MaxTagBytes)
-		case strings.IndexByte(k, 0) >= 0:
-			return invalid(field, "tag key %q contains a NUL byte", k)
-		case strings.IndexByte(v, 0) >= 0:
-			return invalid(field, "tag %q: value contains a NUL byte", k)
-		case !utf8.ValidString(k) || !utf8.ValidString(v):
-			return invalid(field, "tag %q is not valid UTF-8", k)
-		}
-	}
-	return nil
 }

@@ -2,7 +2,6 @@ package backlog
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -76,11 +75,12 @@ type Inserted struct {
 // InsertMany is EnqueueMany (tx nil) or EnqueueManyTx that also reports
 // which unique jobs were duplicates.
 func (q *Queue) InsertMany(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]Inserted, error) {
-	return q.insert(ctx, tx, specs)
+	out, _, err := q.insert(ctx, tx, false, specs)
+	return out, err
 }
 
 func (q *Queue) enqueue(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]uuid.UUID, error) {
-	res, err := q.insert(ctx, tx, specs)
+	res, _, err := q.insert(ctx, tx, false, specs)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +91,8 @@ func (q *Queue) enqueue(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]uuid
 	return ids, nil
 }
 
-func (q *Queue) insert(ctx context.Context, tx pgx.Tx, specs []JobSpec) (out []Inserted, err error) {
+// insert is insertSpecs with the Enqueued hook.
+func (q *Queue) insert(ctx context.Context, tx pgx.Tx, own bool, specs []JobSpec) (out []Inserted, posts []posting, err error) {
 	if h := q.cfg.hooks.Enqueued; h != nil {
 		start := time.Now()
 		defer func() {
@@ -111,22 +112,28 @@ func (q *Queue) insert(ctx context.Context, tx pgx.Tx, specs []JobSpec) (out []I
 			h(ctx, ev)
 		}()
 	}
-	return q.insertSpecs(ctx, tx, specs)
+	return q.insertSpecs(ctx, tx, own, specs)
 }
 
-func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]Inserted, error) {
+// insertSpecs validates and inserts specs: in tx when given (the caller's,
+// or, with own, one of the Queue's whose commit the caller announces with
+// the returned postings), else in a statement of its own.
+func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, own bool, specs []JobSpec) ([]Inserted, []posting, error) {
 	if q.isClosed() {
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	if len(specs) == 0 {
-		return nil, invalid("jobs", "no jobs given")
+		return nil, nil, invalid("jobs", "no jobs given")
 	}
 	jobs, graph, err := buildBatch(specs)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if err := q.checkSchema(ctx); err != nil {
+		return nil, nil, err
 	}
 	if graph {
-		return q.insertGraph(ctx, tx, jobs)
+		return q.insertGraph(ctx, tx, own, jobs)
 	}
 	rows := make([]store.NewJob, len(jobs))
 	out := make([]Inserted, len(jobs))
@@ -137,331 +144,84 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]
 	}
 	posts = dedupePostings(posts)
 
-	var now []posting
-	var db store.DB = q.pool
-	inline := false
-	switch {
-	case q.cfg.pollOnly:
-	case tx != nil:
-		db = tx
-		now = posts // delivered only if the caller's transaction commits
-	case q.notif.inline():
-		// Nothing else of this process is notifying: the insert carries
-		// its own NOTIFY, saving the notifier's round trip.
-		inline, now = true, posts
+	if tx != nil {
+		if err := q.store.Insert(ctx, tx, rows, nil); err != nil {
+			return nil, nil, q.enqueueErr(len(rows), err)
+		}
+		if own {
+			return out, posts, nil
+		}
+		// Delivered only if the caller's transaction commits.
+		if err := q.announce.inTx(ctx, tx, posts); err != nil {
+			return nil, nil, q.enqueueErr(len(rows), err)
+		}
+		return out, nil, nil
 	}
-	err = q.store.Insert(ctx, db, rows, encodePostings(now))
+	// A quiet process's insert carries its own NOTIFY, saving the
+	// notifier's round trip.
+	var payloads []string
+	inline, done := q.announce.inline()
 	if inline {
-		q.notif.inlineDone()
+		payloads = encodePostings(posts)
+	}
+	err = q.store.Insert(ctx, q.pool, rows, payloads)
+	if done != nil {
+		done()
 	}
 	if err != nil {
-		return nil, classify(fmt.Errorf("enqueueing %d job(s): %w", len(rows), err))
+		return nil, nil, q.enqueueErr(len(rows), err)
 	}
 	if !inline {
-		q.afterCommit(tx, posts)
+		q.announce.committed(posts)
 	}
-	return out, nil
+	return out, nil, nil
+}
+
+// enqueueErr wraps a failed insert's error.
+func (q *Queue) enqueueErr(n int, err error) error {
+	return classify(fmt.Errorf("enqueueing %d job(s): %w", n, err))
 }
 
 // insertGraph inserts jobs with dependencies, ordering keys or unique keys
 // in one transaction: the caller's, or one of its own.
-func (q *Queue) insertGraph(ctx context.Context, tx pgx.Tx, jobs []store.GraphJob) ([]Inserted, error) {
+func (q *Queue) insertGraph(ctx context.Context, tx pgx.Tx, own bool, jobs []store.GraphJob) ([]Inserted, []posting, error) {
 	var out []Inserted
 	var posts []posting
-	callerTx := tx
-	run := func(tx pgx.Tx) error {
+	run := func(tx pgx.Tx, announceInTx bool) error {
 		res, err := q.store.InsertGraph(ctx, tx, jobs)
-		if errors.Is(err, store.ErrUnknownPrerequisites) {
+		switch {
+		case errors.Is(err, store.ErrUnknownPrerequisites):
 			return invalid("depends on", "%v", err)
-		}
-		if err != nil {
+		case errors.Is(err, store.ErrUniqueKeyContention):
+			return &retryableError{err: fmt.Errorf("enqueueing %d job(s): %w", len(jobs), err)}
+		case err != nil:
 			return fmt.Errorf("enqueueing %d job(s): %w", len(jobs), err)
 		}
-		out, posts = make([]Inserted, len(res)), nil
-		for i, r := range res {
+		out, posts = make([]Inserted, len(res.Jobs)), postingsOf(res.Locked)
+		for i, r := range res.Jobs {
 			out[i] = Inserted{ID: r.ID, Duplicate: r.Duplicate}
 			if !r.Duplicate && r.State == string(StateAvailable) {
 				posts = append(posts, postingOf(r.Type, r.Tags, r.Delay, r.RunAt))
 			}
 		}
 		posts = dedupePostings(posts)
-		if callerTx == nil || q.cfg.pollOnly {
+		if !announceInTx {
 			return nil // announced after the commit
 		}
-		return q.store.NotifyTx(ctx, tx, encodePostings(posts))
+		return q.announce.inTx(ctx, tx, posts)
 	}
-	var err error
 	if tx != nil {
-		err = run(tx)
-	} else {
-		err = pgx.BeginFunc(ctx, q.pool, run)
-	}
-	if err != nil {
-		return nil, classify(err)
-	}
-	q.afterCommit(tx, posts)
-	return out, nil
-}
-
-// afterCommit announces jobs inserted outside a caller's transaction once
-// they are committed: to this process's workers in poll-only mode, else
-// through the notifier.
-func (q *Queue) afterCommit(tx pgx.Tx, posts []posting) {
-	switch {
-	case tx != nil:
-	case q.cfg.pollOnly:
-		q.postLocal(posts)
-	default:
-		q.notif.post(posts)
-	}
-}
-
-func postingOf(typ string, tags []byte, delay time.Duration, runAt *time.Time) posting {
-	p := posting{Type: typ, In: delay.Milliseconds()}
-	if runAt != nil {
-		p.In = time.Until(*runAt).Milliseconds()
-	}
-	p.In = max(p.In, 0)
-	if len(tags) > 2 { // not "{}"
-		_ = json.Unmarshal(tags, &p.Tags)
-	}
-	return p
-}
-
-// dedupePostings keeps the earliest posting per (type, tags).
-func dedupePostings(ps []posting) []posting {
-	if len(ps) < 2 {
-		return ps
-	}
-	idx := map[string]int{}
-	out := ps[:0:0]
-	for _, p := range ps {
-		k := postingKey(p.Type, p.Tags)
-		if i, ok := idx[k]; ok {
-			out[i].In = min(out[i].In, p.In)
-			continue
+		if err := run(tx, !own); err != nil {
+			return nil, nil, classify(err)
 		}
-		idx[k] = len(out)
-		out = append(out, p)
-	}
-	return out
-}
-
-func (q *Queue) isClosed() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.closed
-}
-
-// buildBatch validates specs and turns them into rows; graph reports
-// whether any job uses dependencies, ordering or unique keys.
-func buildBatch(specs []JobSpec) ([]store.GraphJob, bool, error) {
-	jobs := make([]store.GraphJob, len(specs))
-	index := make(map[uuid.UUID]int, len(specs))
-	graph := false
-	wrap := func(i int, err error) error {
-		if len(specs) > 1 {
-			return fmt.Errorf("job %d: %w", i, err)
+		if own {
+			return out, posts, nil
 		}
-		return err
+		return out, nil, nil
 	}
-	for i, s := range specs {
-		j, err := buildJob(s)
-		if err != nil {
-			return nil, false, wrap(i, err)
-		}
-		if _, dup := index[j.ID]; dup {
-			return nil, false, wrap(i, invalid("id", "%s appears twice in the batch", j.ID))
-		}
-		index[j.ID] = i
-		jobs[i] = j
-		graph = graph || len(j.DependsOn) > 0 || j.OrderingKey != "" || j.UniqueKey != ""
+	if err := pgx.BeginFunc(ctx, q.pool, func(tx pgx.Tx) error { return run(tx, false) }); err != nil {
+		return nil, nil, classify(err)
 	}
-	if !graph {
-		return jobs, false, nil
-	}
-	// A unique job may be a duplicate and then is not inserted: no other
-	// member of the batch may wait for it.
-	lastOfKey := map[string]int{}
-	for i, j := range jobs {
-		for _, d := range j.DependsOn {
-			if d == j.ID {
-				return nil, false, wrap(i, invalid("depends on", "job %s depends on itself", d))
-			}
-			if bi, ok := index[d]; ok && jobs[bi].UniqueKey != "" {
-				return nil, false, wrap(i, invalid("depends on", "job %s has a unique key; batch members cannot depend on it", d))
-			}
-		}
-		if k := j.OrderingKey; k != "" {
-			if p, ok := lastOfKey[k]; ok && jobs[p].UniqueKey != "" {
-				return nil, false, wrap(i, invalid("ordering key", "job %s has a unique key; no later batch member may share its ordering key", jobs[p].ID))
-			}
-			lastOfKey[k] = i
-		}
-	}
-	if cyc := findCycle(jobs, index); cyc != nil {
-		return nil, false, invalid("depends on", "the batch has a dependency cycle: %v", cyc)
-	}
-	return jobs, true, nil
-}
-
-// findCycle returns the IDs of a dependency cycle among batch members, or
-// nil.
-func findCycle(jobs []store.GraphJob, index map[uuid.UUID]int) []uuid.UUID {
-	state := make([]uint8, len(jobs)) // 0 new, 1 on the stack, 2 done
-	var stack []uuid.UUID
-	var cycle []uuid.UUID
-	var visit func(i int) bool
-	visit = func(i int) bool {
-		state[i] = 1
-		stack = append(stack, jobs[i].ID)
-		for _, d := range jobs[i].DependsOn {
-			bi, ok := index[d]
-			if !ok {
-				continue
-			}
-			if state[bi] == 1 {
-				for k, id := range stack {
-					if id == d {
-						cycle = append(append([]uuid.UUID(nil), stack[k:]...), d)
-						return true
-					}
-				}
-			}
-			if state[bi] == 0 && visit(bi) {
-				return true
-			}
-		}
-		stack = stack[:len(stack)-1]
-		state[i] = 2
-		return false
-	}
-	for i := range jobs {
-		if state[i] == 0 && visit(i) {
-			return cycle
-		}
-	}
-	return nil
-}
-
-// buildJob validates one spec and turns it into a row.
-func buildJob(s JobSpec) (store.GraphJob, error) {
-	if err := validateType(s.Type); err != nil {
-		return store.GraphJob{}, err
-	}
-	c := enqueueConfig{priority: DefaultPriority, maxAttempts: DefaultMaxAttempts}
-	for _, o := range s.Options {
-		if o == nil {
-			return store.GraphJob{}, invalid("options", "nil option")
-		}
-		o.applyEnqueue(&c)
-	}
-	args, err := encodeArgs(s.Args)
-	if err != nil {
-		return store.GraphJob{}, err
-	}
-	if err := validateTags("tags", c.tags); err != nil {
-		return store.GraphJob{}, err
-	}
-	switch {
-	case c.priority < MinPriority || c.priority > MaxPriority:
-		return store.GraphJob{}, invalid("priority", "%d is outside [%d, %d]", c.priority, MinPriority, MaxPriority)
-	case c.maxAttempts < 1:
-		return store.GraphJob{}, invalid("max attempts", "must be at least 1, got %d", c.maxAttempts)
-	case c.delay < 0:
-		return store.GraphJob{}, invalid("delay", "must not be negative, got %s", c.delay)
-	case c.timeout < 0:
-		return store.GraphJob{}, invalid("timeout", "must not be negative, got %s", c.timeout)
-	case c.runAt != nil && c.runAt.IsZero():
-		return store.GraphJob{}, invalid("run at", "zero time")
-	case c.catchUp != 0:
-		return store.GraphJob{}, invalid("catch up", "only for periodic jobs (Every, Cron)")
-	case len(c.dependsOn) > MaxDependsOn:
-		return store.GraphJob{}, invalid("depends on", "%d prerequisites exceeds the limit of %d", len(c.dependsOn), MaxDependsOn)
-	}
-	if err := validateKey("ordering key", c.orderingKey); err != nil {
-		return store.GraphJob{}, err
-	}
-	if err := validateKey("unique key", c.uniqueKey); err != nil {
-		return store.GraphJob{}, err
-	}
-	var deps []uuid.UUID
-	seen := map[uuid.UUID]bool{}
-	for _, d := range c.dependsOn {
-		if d == uuid.Nil {
-			return store.GraphJob{}, invalid("depends on", "nil job ID")
-		}
-		if !seen[d] {
-			seen[d] = true
-			deps = append(deps, d)
-		}
-	}
-	tags := json.RawMessage(`{}`)
-	if len(c.tags) > 0 {
-		tags, _ = json.Marshal(map[string]string(c.tags)) // strings only: cannot fail
-	}
-	id := s.ID
-	if id == uuid.Nil {
-		id = NewID()
-	}
-	return store.GraphJob{
-		NewJob: store.NewJob{ID: id, Type: s.Type, Args: args, Tags: tags, Priority: int16(c.priority), RunAt: c.runAt,
-			Delay: c.delay, MaxAttempts: int32(c.maxAttempts), Timeout: c.timeout},
-		DependsOn: deps, OrderingKey: c.orderingKey, UniqueKey: c.uniqueKey,
-	}, nil
-}
-
-// validateKey checks an ordering or unique key ("" means none).
-func validateKey(field, k string) error { return validateText(field, k, MaxKeyBytes, true) }
-
-// encodeArgs turns args into JSON text: raw JSON is validated, anything else
-// marshalled. The result must fit MaxArgsBytes and contain no NUL character
-// (PostgreSQL's jsonb cannot store \u0000).
-func encodeArgs(args any) (json.RawMessage, error) {
-	var b []byte
-	switch a := args.(type) {
-	case nil:
-		b = []byte("null")
-	case json.RawMessage:
-		if !json.Valid(a) {
-			return nil, invalid("args", "not valid JSON")
-		}
-		b = a
-	case []byte:
-		if !json.Valid(a) {
-			return nil, invalid("args", "not valid JSON")
-		}
-		b = a
-	default:
-		var err error
-		if b, err = json.Marshal(args); err != nil {
-			return nil, invalid("args", "cannot marshal %T: %v", args, err)
-		}
-	}
-	if len(b) > MaxArgsBytes {
-		return nil, invalid("args", "%d bytes exceeds the %d-byte limit", len(b), MaxArgsBytes)
-	}
-	if containsJSONNul(b) {
-		return nil, invalid("args", "contains a NUL character (\\u0000), which PostgreSQL cannot store")
-	}
-	return append(json.RawMessage(nil), b...), nil
-}
-
-func containsJSONNul(b []byte) bool {
-	for i := 0; i+5 < len(b); i++ {
-		if b[i] == '\\' {
-			if string(b[i+1:i+6]) == "u0000" {
-				// Make sure the backslash itself is not escaped.
-				n := 0
-				for j := i - 1; j >= 0 && b[j] == '\\'; j-- {
-					n++
-				}
-				if n%2 == 0 {
-					return true
-				}
-			}
-			i++ // skip the escaped character
-		}
-	}
-	return false
+	q.announce.committed(posts)
+	return out, nil, nil
 }

@@ -1,16 +1,11 @@
 package backlog
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
-	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/backlogq/backlog/internal/pgerr"
 )
 
 var (
@@ -58,36 +53,10 @@ func (e *retryableError) Is(target error) bool { return target == ErrRetryable }
 
 // classify marks transient database errors as retryable.
 func classify(err error) error {
-	if err == nil || errors.Is(err, ErrRetryable) || !isTransient(err) {
+	if err == nil || errors.Is(err, ErrRetryable) || !pgerr.Transient(err) {
 		return err
 	}
 	return &retryableError{err: err}
-}
-
-func isTransient(err error) bool {
-	if errors.Is(err, context.Canceled) {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch {
-		case strings.HasPrefix(pgErr.Code, "08"): // connection exception
-			return true
-		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03": // admin/crash shutdown, cannot connect now
-			return true
-		case pgErr.Code == "53300", pgErr.Code == "40001", pgErr.Code == "40P01": // too many connections, serialization, deadlock
-			return true
-		}
-		return false
-	}
-	if pgconn.Timeout(err) || pgconn.SafeToRetry(err) || errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
-	var netErr net.Error
-	var connErr *pgconn.ConnectError
-	return errors.As(err, &netErr) || errors.As(err, &connErr) || errors.Is(err, io.EOF) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.EPIPE) || strings.Contains(err.Error(), "conn closed")
 }
 
 // InputError reports bad input: the field it concerns and what is wrong. It

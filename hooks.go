@@ -22,7 +22,7 @@ type Hooks struct {
 }
 
 // WithHooks installs metrics and tracing callbacks. Defaults to none.
-func WithHooks(h Hooks) Option { return func(c *config) { c.hooks = h } }
+func WithHooks(h Hooks) Option { return queueOption(func(c *config) { c.hooks = h }) }
 
 // EnqueueEvent describes one enqueue call.
 type EnqueueEvent struct {

@@ -48,6 +48,7 @@ type Job struct {
 	RunAt       time.Time // when the job was due
 
 	token  uuid.UUID
+	lease  *lease
 	waited time.Duration // run_at → claim, database clock
 	mu     sync.Mutex
 	res    json.RawMessage
@@ -55,17 +56,15 @@ type Job struct {
 }
 
 // SetResult records a small JSON result, stored with the job when the
-// handler returns nil. When v does not marshal or is larger than
-// MaxResultBytes it returns a permanent error (matching ErrInvalid), and the
-// job fails with it whatever the handler returns.
+// handler returns nil. json.RawMessage and []byte are taken as JSON text.
+// When v does not marshal, is larger than MaxResultBytes, or holds what
+// PostgreSQL cannot store (a \u0000 character, an unpaired surrogate), it
+// returns a permanent error (matching ErrInvalid), and the job fails with
+// it whatever the handler returns.
 func (j *Job) SetResult(v any) error {
-	b, err := json.Marshal(v)
+	b, err := encodeJSON("result", v, MaxResultBytes)
 	// A retry would produce the same result: the error is permanent.
-	if err == nil && len(b) > maxResultBytes {
-		err = Permanent(invalid("result", "%d bytes exceeds the %d-byte limit", len(b), maxResultBytes))
-	} else if err != nil {
-		err = Permanent(invalid("result", "cannot marshal %T: %v", v, err))
-	}
+	err = Permanent(err)
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.res, j.resE = b, err

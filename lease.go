@@ -2,12 +2,14 @@ package backlog
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/backlogq/backlog/internal/isolate"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -19,18 +21,9 @@ import (
 // the sweep may hand the job to another worker under a new token, after
 // which every write of the old holder changes nothing.
 //
-// leases is the registry of the leases this Queue holds, renewed by one
-// heartbeat loop.
-type leases struct {
-	store    *store.Store
-	log      *slog.Logger
-	duration time.Duration
-	margin   time.Duration // cancel this long before the lease could expire
-
-	mu   sync.Mutex
-	held map[uuid.UUID]*lease
-}
-
+// The claimer gives each claimed Job its *lease; the worker and the
+// completer use that handle, never a lookup. leases is the registry of the
+// handles this Queue holds, which one heartbeat service renews.
 type lease struct {
 	id, token uuid.UUID
 	// deadline is the local (monotonic) time until which the lease is
@@ -40,33 +33,55 @@ type lease struct {
 	// than deadline + margin.
 	deadline time.Time
 	cancel   context.CancelCauseFunc // set once the handler runs
-	lost     bool                    // the lease is gone: no write will be accepted
+	lost     bool                    // not confirmed in time, or refused: writes are likely refused
 	done     bool                    // the outcome is queued for the completer
 	stop     error                   // why the handler must stop (ErrLeaseLost, ErrCancelled), once it must
+	// failWith is set when renewing this lease failed for a reason tied
+	// to its row: the attempt fails with it.
+	failWith error
+}
+
+// leases is the registry of held leases and the heartbeat service.
+type leases struct {
+	store    *store.Store
+	log      *slog.Logger
+	duration time.Duration
+	margin   time.Duration // cancel this long before the lease could expire
+	run      runner
+
+	mu   sync.Mutex
+	held map[uuid.UUID]*lease
 }
 
 func newLeases(st *store.Store, log *slog.Logger, d time.Duration) *leases {
 	return &leases{store: st, log: log, duration: d, margin: d / 5, held: map[uuid.UUID]*lease{}}
 }
 
-// add registers freshly claimed jobs; sentAt is when the claim was sent.
+func (l *leases) start() { l.run.start(l.loop) }
+func (l *leases) stop()  { l.run.stop() }
+
+// add registers freshly claimed jobs and gives each its lease handle;
+// sentAt is when the claim was sent. A job this process still holds under
+// an older token (it re-claimed the job after a stall longer than the
+// lease) loses that older lease: its handler is cancelled.
 func (l *leases) add(jobs []*Job, sentAt time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, j := range jobs {
-		l.held[j.ID] = &lease{id: j.ID, token: j.token, deadline: sentAt.Add(l.duration - l.margin)}
+		if old := l.held[j.ID]; old != nil && old.token != j.token {
+			l.loseLocked(old)
+		}
+		le := &lease{id: j.ID, token: j.token, deadline: sentAt.Add(l.duration - l.margin)}
+		j.lease = le
+		l.held[j.ID] = le
 	}
 }
 
-// start attaches the handler's cancel function. It returns why the
-// handler must not run when that was decided before it started.
-func (l *leases) start(id, token uuid.UUID, cancel context.CancelCauseFunc) error {
+// begin attaches the handler's cancel function. It returns why the handler
+// must not run when that was decided before it started.
+func (l *leases) begin(le *lease, cancel context.CancelCauseFunc) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	le := l.held[id]
-	if le == nil || le.token != token {
-		return ErrLeaseLost
-	}
 	if le.stop != nil {
 		return le.stop
 	}
@@ -77,30 +92,42 @@ func (l *leases) start(id, token uuid.UUID, cancel context.CancelCauseFunc) erro
 // finishing notes that the attempt's outcome has been handed to the
 // completer: from now on a renewal that misses the row most likely means the
 // outcome was just written, which is no reason to warn.
-func (l *leases) finishing(id, token uuid.UUID) {
+func (l *leases) finishing(le *lease) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if le := l.held[id]; le != nil && le.token == token {
-		le.done = true
-	}
+	le.done = true
 }
 
-// isLost reports whether the lease of one attempt is gone.
-func (l *leases) isLost(id, token uuid.UUID) bool {
+// isLost reports whether the lease is known or presumed lost.
+func (l *leases) isLost(le *lease) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	le := l.held[id]
-	return le == nil || le.token != token || le.lost
+	return le.lost
 }
 
-// remove forgets the lease of one attempt once its finish was written (or
-// refused). The job may already be held again under a newer token (a fast
-// retry): that lease stays.
-func (l *leases) remove(id, token uuid.UUID) {
+// failure returns why the attempt must fail, when its lease could not be
+// renewed for a reason tied to its row.
+func (l *leases) failure(le *lease) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if le := l.held[id]; le != nil && le.token == token {
-		delete(l.held, id)
+	return le.failWith
+}
+
+// stale reports whether the lease's local deadline has passed: a write of
+// its outcome is then likely refused (the sweep may have handed the job on).
+func (l *leases) stale(le *lease, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return now.After(le.deadline)
+}
+
+// remove forgets a lease once its outcome was written (or refused). The
+// job may already be held again under a newer lease: that one stays.
+func (l *leases) remove(le *lease) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held[le.id] == le {
+		delete(l.held, le.id)
 	}
 }
 
@@ -120,74 +147,6 @@ func (l *leases) loseLocked(le *lease) {
 	l.stopLocked(le, ErrLeaseLost)
 }
 
-// heartbeat renews every held lease in one statement. Leases the database no
-// longer matches are lost: their handlers are cancelled with ErrLeaseLost.
-// Whether or not the statement succeeds, leases past their local deadline
-// are lost too, so a worker cut off from the database stops its handlers
-// before another worker could be given the same attempt. It returns whether
-// the renewal succeeded.
-func (l *leases) heartbeat(ctx context.Context) bool {
-	l.mu.Lock()
-	ids := make([]uuid.UUID, 0, len(l.held))
-	tokens := make([]uuid.UUID, 0, len(l.held))
-	for _, le := range l.held {
-		if !le.lost {
-			ids = append(ids, le.id)
-			tokens = append(tokens, le.token)
-		}
-	}
-	l.mu.Unlock()
-
-	ok := true
-	if len(ids) > 0 {
-		sentAt := time.Now()
-		// Give up on the renewal by the earliest local deadline: the check
-		// below must not wait for a statement that cannot reach the
-		// database (a blocked call would otherwise delay the cancellation
-		// past the lease's expiry in the database).
-		l.mu.Lock()
-		stop := sentAt.Add(l.duration / 3)
-		for _, le := range l.held {
-			if !le.lost && le.deadline.Before(stop) {
-				stop = le.deadline
-			}
-		}
-		l.mu.Unlock()
-		cctx, cancel := context.WithDeadline(ctx, stop)
-		alive, err := l.store.Extend(cctx, ids, tokens, l.duration)
-		cancel()
-		l.mu.Lock()
-		if err != nil {
-			ok = false
-			if ctx.Err() == nil {
-				l.log.Warn("backlog: renewing leases failed", "leases", len(ids), "err", err)
-			}
-		} else {
-			still := make(map[uuid.UUID]bool, len(alive))
-			for _, e := range alive {
-				still[e.ID] = true
-				if le := l.held[e.ID]; le != nil && e.Renewed {
-					le.deadline = sentAt.Add(l.duration - l.margin)
-					if e.CancelRequested {
-						l.stopLocked(le, ErrCancelled)
-					}
-				}
-			}
-			for i, id := range ids {
-				if le := l.held[id]; le != nil && le.token == tokens[i] && !still[id] {
-					if !le.done {
-						l.log.Warn("backlog: lease lost", "job", id)
-					}
-					l.loseLocked(le)
-				}
-			}
-		}
-		l.mu.Unlock()
-	}
-	l.expire(time.Now())
-	return ok
-}
-
 // cancel stops the handler of a job cancelled with Queue.Cancel, if this
 // process holds it. The lease stays held, so the outcome is still written.
 func (l *leases) cancel(id uuid.UUID) {
@@ -198,21 +157,120 @@ func (l *leases) cancel(id uuid.UUID) {
 	}
 }
 
+// heartbeat renews every held lease and reports whether every lease that
+// needed renewing was renewed (false: renew again soon). Leases the
+// database no longer matches are lost: their handlers are cancelled with
+// ErrLeaseLost. A lease whose row another transaction holds is not renewed
+// this time (busy), and one whose renewal fails for a reason tied to its
+// row fails its attempt; neither holds back the others. Whatever happens,
+// leases past their local deadline are then lost, so a worker cut off from
+// the database stops its handlers before another worker could be given the
+// same attempt.
+func (l *leases) heartbeat(ctx context.Context) bool {
+	l.mu.Lock()
+	todo := make([]*lease, 0, len(l.held))
+	stop := time.Now().Add(l.duration / 3)
+	for _, le := range l.held {
+		if !le.lost && le.failWith == nil {
+			todo = append(todo, le)
+			if le.deadline.Before(stop) {
+				stop = le.deadline
+			}
+		}
+	}
+	l.mu.Unlock()
+
+	ok := true
+	if len(todo) > 0 {
+		// Give up on the renewal by the earliest local deadline: the check
+		// below must not wait for a statement that cannot reach the
+		// database.
+		cctx, cancel := context.WithDeadline(ctx, stop)
+		w := isolate.Writer[*lease]{
+			Write: func(ctx context.Context, ls []*lease) error {
+				renewedAll, err := l.renew(ctx, ls)
+				ok = ok && renewedAll
+				return err
+			},
+			Poison: func(_ context.Context, le *lease, cause error) error {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				le.failWith = fmt.Errorf("renewing the job's lease failed: %w", cause)
+				l.stopLocked(le, le.failWith)
+				l.log.Error("backlog: renewing a lease failed; the attempt fails", "job", le.id, "err", cause)
+				return nil
+			},
+		}
+		if _, err := w.Run(cctx, todo); err != nil {
+			ok = false
+			if ctx.Err() == nil {
+				l.log.Warn("backlog: renewing leases failed", "leases", len(todo), "err", err)
+			}
+		}
+		cancel()
+	}
+	l.expire(time.Now())
+	return ok
+}
+
+// renew runs one renewal statement for ls and applies its answer. It
+// reports whether every lease was renewed (none busy).
+func (l *leases) renew(ctx context.Context, ls []*lease) (bool, error) {
+	ids := make([]uuid.UUID, len(ls))
+	tokens := make([]uuid.UUID, len(ls))
+	for i, le := range ls {
+		ids[i], tokens[i] = le.id, le.token
+	}
+	sentAt := time.Now()
+	alive, err := l.store.Extend(ctx, ids, tokens, l.duration)
+	if err != nil {
+		return false, err
+	}
+	all := true
+	still := make(map[uuid.UUID]store.Extended, len(alive))
+	for _, e := range alive {
+		still[e.ID] = e
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, le := range ls {
+		e, ok := still[le.id]
+		switch {
+		case !ok:
+			if !le.done {
+				l.log.Warn("backlog: lease lost", "job", le.id)
+			}
+			l.loseLocked(le)
+		case e.Renewed:
+			le.deadline = sentAt.Add(l.duration - l.margin)
+			if e.CancelRequested {
+				l.stopLocked(le, ErrCancelled)
+			}
+		default:
+			all = false // busy: try again soon
+		}
+	}
+	return all, nil
+}
+
 // expire loses every lease whose local deadline has passed.
 func (l *leases) expire(now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, le := range l.held {
 		if !le.lost && now.After(le.deadline) {
-			l.log.Warn("backlog: lease could not be renewed in time; cancelling the handler", "job", le.id)
+			if !le.done {
+				l.log.Warn("backlog: lease could not be renewed in time; cancelling the handler", "job", le.id)
+			}
 			l.loseLocked(le)
 		}
 	}
 }
 
-// run renews leases every duration/3 until ctx ends; after a failed renewal
-// it retries every duration/30 so that local deadlines are checked often.
-func (l *leases) run(ctx context.Context) {
+// loop renews leases every duration/3 until ctx ends; after a renewal that
+// failed or left a lease busy it tries again every duration/30, so that
+// local deadlines are checked often and a busy row is renewed soon.
+func (l *leases) loop(ctx context.Context) {
 	every, retry := l.duration/3, max(l.duration/30, 10*time.Millisecond)
 	t := time.NewTimer(every)
 	defer t.Stop()

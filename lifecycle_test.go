@@ -142,7 +142,7 @@ func TestLeaseLostStaleWorkerCannotFinish(t *testing.T) {
 	close(staleReturn)
 	// Its late success changes nothing.
 	require.NoError(t, e.q.Close())
-	info, err = e.q.Job(ctx, id)
+	info, err = q2.Job(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, backlog.StateCompleted, info.State)
 	require.JSONEq(t, `"fresh"`, string(info.Result))

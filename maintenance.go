@@ -3,6 +3,7 @@ package backlog
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 
@@ -18,32 +19,43 @@ const (
 	cleanMaxBatches = 100
 )
 
-// maintain is the Queue's one maintenance loop: the expired-lease sweep
+// maintenance is the Queue's maintenance service: the expired-lease sweep
 // every sweep interval and the cleaner every clean interval, each jittered
 // by ±20 % so that many processes do not run in step. Any number of
-// processes may run it: both statements skip rows another one holds.
-func (q *Queue) maintain(ctx context.Context) {
+// processes may run it: both skip rows another one holds.
+type maintenance struct {
+	run      runner
+	store    *store.Store
+	cfg      *config
+	log      *slog.Logger
+	announce announcer
+}
+
+func (m *maintenance) start() { m.run.start(m.loop) }
+func (m *maintenance) stop()  { m.run.stop() }
+
+func (m *maintenance) loop(ctx context.Context) {
 	jitter := func(d time.Duration) time.Duration {
 		return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
 	}
-	nextSweep := time.NewTimer(jitter(q.cfg.sweepInterval))
+	nextSweep := time.NewTimer(jitter(m.cfg.sweepInterval))
 	defer nextSweep.Stop()
-	nextClean := time.NewTimer(jitter(q.cfg.cleanInterval))
+	nextClean := time.NewTimer(jitter(m.cfg.cleanInterval))
 	defer nextClean.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-nextSweep.C:
-			if _, err := q.SweepExpired(ctx); err != nil && ctx.Err() == nil {
-				q.log.Warn("backlog: expired-lease sweep failed", "err", err)
+			if _, err := m.sweep(ctx); err != nil && ctx.Err() == nil {
+				m.log.Warn("backlog: expired-lease sweep failed", "err", err)
 			}
-			nextSweep.Reset(jitter(q.cfg.sweepInterval))
+			nextSweep.Reset(jitter(m.cfg.sweepInterval))
 		case <-nextClean.C:
-			if _, err := q.Clean(ctx); err != nil && ctx.Err() == nil {
-				q.log.Warn("backlog: cleaner failed", "err", err)
+			if _, err := m.clean(ctx); err != nil && ctx.Err() == nil {
+				m.log.Warn("backlog: cleaner failed", "err", err)
 			}
-			nextClean.Reset(jitter(q.cfg.cleanInterval))
+			nextClean.Reset(jitter(m.cfg.cleanInterval))
 		}
 	}
 }
@@ -51,20 +63,33 @@ func (q *Queue) maintain(ctx context.Context) {
 // SweepExpired makes jobs whose lease has expired (their worker died or was
 // cut off) available again, or failed when their attempts are used up, and
 // returns how many it handled. Work runs it periodically (WithSweepInterval);
-// any number of processes may run it at once.
+// any number of processes may run it at once. A job whose row cannot be
+// swept (a trigger of yours that raises, say) is failed with the reason
+// rather than holding back the others.
 func (q *Queue) SweepExpired(ctx context.Context) (int, error) {
+	if q.isClosed() {
+		return 0, ErrClosed
+	}
+	return q.maint.sweep(ctx)
+}
+
+func (m *maintenance) sweep(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		n, err := q.store.SweepExpired(ctx, sweepBatch)
-		total += n
+		res, err := m.store.SweepExpired(ctx, sweepBatch)
+		total += res.Swept
+		m.announce.committed(postingsOf(res.Avail))
+		if res.Poisoned > 0 {
+			m.log.Error("backlog: expired jobs that could not be swept were failed", "jobs", res.Poisoned)
+		}
 		if err != nil {
 			return total, classify(fmt.Errorf("sweeping expired leases: %w", err))
 		}
-		if n < sweepBatch {
+		if res.Swept < sweepBatch {
 			if total > 0 {
-				q.log.Info("backlog: swept expired leases", "jobs", total)
+				m.log.Info("backlog: swept expired leases", "jobs", total)
 			} else {
-				q.log.Debug("backlog: expired-lease sweep found nothing")
+				m.log.Debug("backlog: expired-lease sweep found nothing")
 			}
 			return total, nil
 		}
@@ -84,9 +109,16 @@ type CleanResult struct {
 // statement that skips rows others hold. Work runs it periodically
 // (WithCleanInterval); running it on many processes at once is harmless.
 func (q *Queue) Clean(ctx context.Context) (CleanResult, error) {
+	if q.isClosed() {
+		return CleanResult{}, ErrClosed
+	}
+	return q.maint.clean(ctx)
+}
+
+func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {
 	var total CleanResult
 	for total.Batches < cleanMaxBatches {
-		r, err := q.store.Clean(ctx, q.cfg.keepCompleted, q.cfg.keepFailed, cleanBatch)
+		r, err := m.store.Clean(ctx, m.cfg.keepCompleted, m.cfg.keepFailed, cleanBatch)
 		total.Batches++
 		total.Jobs += r.Jobs
 		total.PeriodicRuns += r.Runs
@@ -99,54 +131,10 @@ func (q *Queue) Clean(ctx context.Context) (CleanResult, error) {
 	}
 	total.MoreRemaining = total.Batches == cleanMaxBatches
 	if total.Jobs > 0 || total.PeriodicRuns > 0 {
-		q.log.Info("backlog: cleaner deleted finished jobs", "jobs", total.Jobs, "periodic_runs", total.PeriodicRuns,
+		m.log.Info("backlog: cleaner deleted finished jobs", "jobs", total.Jobs, "periodic_runs", total.PeriodicRuns,
 			"batches", total.Batches, "more", total.MoreRemaining)
 	} else {
-		q.log.Debug("backlog: cleaner found nothing to delete")
+		m.log.Debug("backlog: cleaner found nothing to delete")
 	}
 	return total, nil
-}
-
-// Stats is a snapshot of the queue.
-type Stats struct {
-	// ByState counts jobs per state.
-	ByState map[State]int64
-	// ByType counts jobs per type and state.
-	ByType map[string]map[State]int64
-	// OldestAvailable is how long the oldest due available job has been
-	// waiting (0 when none is waiting), on the database clock.
-	OldestAvailable time.Duration
-	// RunningByWorker counts running jobs per worker (WithWorkerID).
-	RunningByWorker map[string]int64
-}
-
-// Stats returns counts by state and type, the age of the oldest waiting
-// job, and running jobs per worker, in one query. The counts are exact, so
-// the query reads every row of the jobs table: its cost grows with the rows
-// kept for retention (see the README's operations section for a
-// measurement).
-func (q *Queue) Stats(ctx context.Context) (*Stats, error) {
-	rows, oldest, err := q.store.Stats(ctx)
-	if err != nil {
-		return nil, classify(fmt.Errorf("reading stats: %w", err))
-	}
-	return buildStats(rows, oldest), nil
-}
-
-func buildStats(rows []store.StatsRow, oldest time.Duration) *Stats {
-	s := &Stats{ByState: map[State]int64{}, ByType: map[string]map[State]int64{}, RunningByWorker: map[string]int64{},
-		OldestAvailable: oldest}
-	for _, r := range rows {
-		if r.Worker != "" || r.Type == "" {
-			s.RunningByWorker[r.Worker] += r.Count
-			continue
-		}
-		st := State(r.State)
-		s.ByState[st] += r.Count
-		if s.ByType[r.Type] == nil {
-			s.ByType[r.Type] = map[State]int64{}
-		}
-		s.ByType[r.Type][st] += r.Count
-	}
-	return s
 }

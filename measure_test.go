@@ -112,7 +112,7 @@ func TestMeasureEnqueueNotify(t *testing.T) {
 		return func(q *Queue) error {
 			sql := `INSERT INTO "` + q.cfg.schema + `".jobs (id, type, args) VALUES ($1, 'bench.enqueue', '{"n": 1}')`
 			if notify {
-				sql = `WITH ins AS (` + sql + ` RETURNING 1) SELECT pg_notify('` + q.store.Channel + `', '{"type":"bench.enqueue"}') FROM ins`
+				sql = `WITH ins AS (` + sql + ` RETURNING 1) SELECT pg_notify('` + q.store.Channel() + `', '{"type":"bench.enqueue"}') FROM ins`
 			}
 			_, err := pool.Exec(ctx, sql, NewID())
 			return err
@@ -127,10 +127,10 @@ func TestMeasureEnqueueNotify(t *testing.T) {
 		opt  Option
 		do   func(q *Queue) error
 	}{
-		{"Enqueue, notifier (default)", func(*config) {}, viaQueue},
+		{"Enqueue, notifier (default)", queueOption(func(*config) {}), viaQueue},
 		{"Enqueue, no NOTIFY (poll-only)", WithPollOnly(), viaQueue},
-		{"raw INSERT + NOTIFY in each tx", func(*config) {}, raw(true)},
-		{"raw INSERT, no NOTIFY", func(*config) {}, raw(false)},
+		{"raw INSERT + NOTIFY in each tx", queueOption(func(*config) {}), raw(true)},
+		{"raw INSERT, no NOTIFY", queueOption(func(*config) {}), raw(false)},
 	}
 	const clients, window = 16, 5 * time.Second
 	results := map[string][]float64{}

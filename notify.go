@@ -11,63 +11,34 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/backlogq/backlog/internal/isolate"
+	"github.com/backlogq/backlog/internal/store"
 )
 
-// encodePostings returns one payload per distinct (type, tags), carrying
-// the earliest due time among the postings of that pair.
-func encodePostings(ps []posting) []string {
-	if len(ps) == 0 {
-		return nil
-	}
-	type agg struct {
-		p   posting
-		key string
-	}
-	byKey := map[string]*agg{}
-	var order []string
-	for _, p := range ps {
-		k := postingKey(p.Type, p.Tags)
-		if a := byKey[k]; a != nil {
-			a.p.In = min(a.p.In, p.In)
-			continue
-		}
-		byKey[k] = &agg{p: p, key: k}
-		order = append(order, k)
-	}
-	out := make([]string, 0, len(order))
-	for _, k := range order {
-		b, _ := json.Marshal(byKey[k].p) // strings and ints only: cannot fail
-		out = append(out, string(b))
-	}
-	return out
-}
-
-// postingKey identifies a (type, tags) pair.
-func postingKey(typ string, tags map[string]string) string {
-	return domainKey([]string{typ}, tags)
-}
-
 // notifier announces jobs that this process's own transactions committed
-// (Enqueue, EnqueueMany, periodic jobs). A NOTIFY inside an inserting
-// transaction holds PostgreSQL's database-wide notification lock through that
-// transaction's commit (and its fsync), serialising every notifying commit:
-// measured here, 16 clients inserting one job per transaction managed 3,700
-// inserts/s with a NOTIFY in each against 11,300/s without. So at most one
-// insert of a process carries its own NOTIFY at a time, and only while
-// nothing else is being announced (the low-latency path when the queue is
-// quiet); every other insert commits without one, and the notifier announces
-// it afterwards from a transaction of its own that commits asynchronously
-// (nothing in it needs to be durable), holding the lock for microseconds.
+// (Enqueue, EnqueueMany, periodic jobs, retries, released dependents). A
+// NOTIFY inside an inserting transaction holds PostgreSQL's database-wide
+// notification lock through that transaction's commit (and its fsync),
+// serialising every notifying commit: measured here, 16 clients inserting
+// one job per transaction managed 3,700 inserts/s with a NOTIFY in each
+// against 11,300/s without. So at most one insert of a process carries its
+// own NOTIFY at a time, and only while nothing else is being announced (the
+// low-latency path when the queue is quiet); every other insert commits
+// without one, and the notifier announces it afterwards from a transaction
+// of its own that commits asynchronously (nothing in it needs to be
+// durable), holding the lock for microseconds.
 //
 // Postings are coalesced: one NOTIFY transaction at a time, carrying one
 // posting per (type, tags) for everything committed while the previous one
 // was in flight, and at most one per interval (WithNotifyInterval); postings
 // held back go out in one trailing NOTIFY when the interval ends, so no job
-// waits for the backup poll. EnqueueTx always notifies inside the caller's
-// transaction: only its commit may announce the job.
+// waits for the backup poll. A payload the server refuses is dropped alone
+// (postings are hints: the backup poll finds the job), never with the rest.
 type notifier struct {
 	interval time.Duration
-	send     func(ctx context.Context, ps []posting) error
+	store    *store.Store
 	log      *slog.Logger
 
 	mu      sync.Mutex
@@ -77,11 +48,11 @@ type notifier struct {
 	inlined bool // an insert carries its own NOTIFY right now
 	closed  bool
 	wg      sync.WaitGroup
-	stop    chan struct{}
+	stopCh  chan struct{}
 }
 
-func newNotifier(interval time.Duration, log *slog.Logger, send func(context.Context, []posting) error) *notifier {
-	return &notifier{interval: interval, send: send, log: log, pending: map[string]posting{}, stop: make(chan struct{})}
+func newNotifier(interval time.Duration, log *slog.Logger, st *store.Store) *notifier {
+	return &notifier{interval: interval, store: st, log: log, pending: map[string]posting{}, stopCh: make(chan struct{})}
 }
 
 // inline reports whether an insert may carry its own NOTIFY: only when no
@@ -90,9 +61,6 @@ func newNotifier(interval time.Duration, log *slog.Logger, send func(context.Con
 // notifying commits of a process ever queue for PostgreSQL's notification
 // lock. A true result must be followed by inlineDone.
 func (n *notifier) inline() bool {
-	if n == nil {
-		return false
-	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed || n.running || n.inlined || len(n.pending) > 0 || n.interval > 0 {
@@ -111,7 +79,7 @@ func (n *notifier) inlineDone() {
 
 // post queues postings of committed jobs and makes sure a sender runs.
 func (n *notifier) post(ps []posting) {
-	if n == nil || len(ps) == 0 {
+	if len(ps) == 0 {
 		return
 	}
 	now := time.Now()
@@ -132,15 +100,13 @@ func (n *notifier) post(ps []posting) {
 	}
 	if !n.running {
 		n.running = true
-		n.wg.Add(1)
-		go n.loop()
+		n.wg.Go(n.loop)
 	}
 }
 
 // loop sends pending postings until none are left, one NOTIFY transaction
 // at a time and at most one per interval.
 func (n *notifier) loop() {
-	defer n.wg.Done()
 	for {
 		n.mu.Lock()
 		if len(n.pending) == 0 || n.closed {
@@ -159,30 +125,40 @@ func (n *notifier) loop() {
 		n.mu.Unlock()
 
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := n.send(ctx, ps); err != nil {
-			n.log.Warn("backlog: sending notifications failed; idle workers fall back to the backup poll", "err", err)
-		}
+		n.send(ctx, encodePostings(ps))
 		cancel()
 		if n.interval > 0 {
 			t := time.NewTimer(n.interval)
 			select {
 			case <-t.C:
-			case <-n.stop:
+			case <-n.stopCh:
 				t.Stop()
 			}
 		}
 	}
 }
 
+// send sends payloads in one statement, splitting it when the server
+// refuses one payload, which is then dropped with a warning.
+func (n *notifier) send(ctx context.Context, payloads []string) {
+	w := isolate.Writer[string]{
+		Write: func(ctx context.Context, ps []string) error { return n.store.Notify(ctx, ps) },
+		Poison: func(_ context.Context, p string, cause error) error {
+			n.log.Warn("backlog: dropping a posting the server refused; idle workers fall back to the backup poll", "payload", p, "err", cause)
+			return nil
+		},
+	}
+	if _, err := w.Run(ctx, payloads); err != nil {
+		n.log.Warn("backlog: sending notifications failed; idle workers fall back to the backup poll", "err", err)
+	}
+}
+
 // close sends nothing more and waits for a sender in progress.
 func (n *notifier) close() {
-	if n == nil {
-		return
-	}
 	n.mu.Lock()
 	if !n.closed {
 		n.closed = true
-		close(n.stop)
+		close(n.stopCh)
 	}
 	n.mu.Unlock()
 	n.wg.Wait()
@@ -193,6 +169,7 @@ func (n *notifier) close() {
 // backoff when the connection fails. While it is down, domains fall back to
 // their backup polls and run_at timers.
 type listener struct {
+	run      runner
 	connect  func(context.Context) (*pgx.Conn, error)
 	channel  string
 	acq      *acquirer
@@ -200,10 +177,26 @@ type listener struct {
 	onDone   func(id uuid.UUID) // a Done posting for a job
 	log      *slog.Logger
 	idle     time.Duration // ping the connection after this long without a posting
-
 }
 
-func (l *listener) run(ctx context.Context) {
+func newListener(connect func(context.Context) (*pgx.Conn, error), pool *pgxpool.Pool, channel string, acq *acquirer,
+	onCancel, onDone func(uuid.UUID), log *slog.Logger) *listener {
+	if connect == nil {
+		connect = func(ctx context.Context) (*pgx.Conn, error) {
+			c, err := pool.Acquire(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return c.Hijack(), nil
+		}
+	}
+	return &listener{connect: connect, channel: channel, acq: acq, onCancel: onCancel, onDone: onDone, log: log, idle: 30 * time.Second}
+}
+
+func (l *listener) start() { l.run.start(l.loop) }
+func (l *listener) stop()  { l.run.stop() }
+
+func (l *listener) loop(ctx context.Context) {
 	b := newBackoff(100*time.Millisecond, 5*time.Second, 0)
 	for ctx.Err() == nil {
 		err := l.session(ctx, b)

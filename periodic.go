@@ -2,6 +2,7 @@ package backlog
 
 import (
 	"context"
+	"log/slog"
 	"sort"
 	"sync"
 	"time"
@@ -9,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/robfig/cron/v3"
+
+	"github.com/backlogq/backlog/internal/isolate"
 )
 
 // Periodic jobs. A schedule is registered in code on every process (Every
@@ -40,11 +43,21 @@ type planner interface {
 	next(t time.Time) time.Time
 }
 
+// everyPlanner plans at every multiple of an interval since the Unix epoch
+// (so every process agrees, whenever it started).
 type everyPlanner time.Duration
 
-func (p everyPlanner) next(t time.Time) time.Time {
-	d := time.Duration(p)
-	return t.Truncate(d).Add(d) // Truncate is relative to the zero time: fixed for every process
+func (p everyPlanner) next(t time.Time) time.Time { return p.floor(t).Add(time.Duration(p)) }
+
+// floor returns the latest plan at or before t.
+func (p everyPlanner) floor(t time.Time) time.Time {
+	d := int64(p)
+	since := t.Sub(time.Unix(0, 0)) // Unix nanoseconds; fine until the year 2262
+	n := int64(since) / d
+	if int64(since)%d < 0 {
+		n-- // before the epoch: round down, not towards zero
+	}
+	return time.Unix(0, 0).Add(time.Duration(n * d)).In(t.Location())
 }
 
 type cronPlanner struct{ s cron.Schedule }
@@ -76,10 +89,19 @@ func (q *Queue) Every(name string, interval time.Duration, typ string, args any,
 // Cron registers (or replaces) the schedule name with a standard 5-field
 // cron expression ("*/5 * * * *") or a descriptor (@hourly, @daily,
 // @every 90s…), evaluated in UTC unless it starts with CRON_TZ=<zone>.
+//
+// "@every d" plans like Every(d): at multiples of d since the Unix epoch, so
+// processes that registered it at different times share the same plans.
 func (q *Queue) Cron(name, spec, typ string, args any, opts ...EnqueueOption) error {
 	s, err := cron.ParseStandard(spec)
 	if err != nil {
 		return invalid("cron spec", "%q: %v", spec, err)
+	}
+	if every, ok := s.(cron.ConstantDelaySchedule); ok {
+		if every.Delay < time.Second {
+			return invalid("cron spec", "%q: @every must be at least 1s", spec)
+		}
+		return q.addSchedule(name, everyPlanner(every.Delay), typ, args, opts)
 	}
 	return q.addSchedule(name, cronPlanner{s}, typ, args, opts)
 }
@@ -115,22 +137,29 @@ func (q *Queue) addSchedule(name string, p planner, typ string, args any, opts [
 	if q.closed {
 		return ErrClosed
 	}
-	if q.sched == nil {
-		q.sched = &scheduler{q: q, schedules: map[string]*schedule{}, wake: make(chan struct{}, 1)}
-		q.bg.Go(func() { q.sched.run(q.bgCtx) })
-	}
 	q.sched.add(&schedule{name: name, planner: p, typ: typ, args: args, opts: jobOpts, catchUp: catchUp})
+	q.announce.start()
+	q.sched.start()
 	return nil
 }
 
 // scheduler enqueues due plans of this process's schedules.
 type scheduler struct {
+	run  runner
 	q    *Queue
+	log  *slog.Logger
 	wake chan struct{} // buffer of 1: a registration never blocks
 
 	mu        sync.Mutex
 	schedules map[string]*schedule
 }
+
+func newScheduler(q *Queue) *scheduler {
+	return &scheduler{q: q, log: q.cfg.logger, schedules: map[string]*schedule{}, wake: make(chan struct{}, 1)}
+}
+
+func (s *scheduler) start() { s.run.start(s.loop) }
+func (s *scheduler) stop()  { s.run.stop() }
 
 func (s *scheduler) add(sc *schedule) {
 	s.mu.Lock()
@@ -145,7 +174,7 @@ func (s *scheduler) add(sc *schedule) {
 	}
 }
 
-func (s *scheduler) run(ctx context.Context) {
+func (s *scheduler) loop(ctx context.Context) {
 	for {
 		wait := s.tick(ctx)
 		t := time.NewTimer(wait)
@@ -178,7 +207,7 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 		last, err := q.store.LastPlans(ctx, toLoad)
 		if err != nil {
 			if ctx.Err() == nil {
-				q.log.Warn("backlog: reading periodic runs failed", "err", err)
+				s.log.Warn("backlog: reading periodic runs failed", "err", err)
 			}
 			return retry
 		}
@@ -194,15 +223,11 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 	readAt := q.cfg.clock()
 	if err != nil {
 		if ctx.Err() == nil {
-			q.log.Warn("backlog: reading the database clock failed", "err", err)
+			s.log.Warn("backlog: reading the database clock failed", "err", err)
 		}
 		return retry
 	}
 
-	type due struct {
-		sc   *schedule
-		plan time.Time
-	}
 	var dues []due
 	s.mu.Lock()
 	scheds := make([]*schedule, 0, len(s.schedules))
@@ -221,46 +246,28 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 	}
 	s.mu.Unlock()
 	if len(dues) > 0 {
-		names := make([]string, len(dues))
-		plans := make([]time.Time, len(dues))
-		ids := make([]uuid.UUID, len(dues))
-		specs := map[uuid.UUID]JobSpec{}
-		for i, d := range dues {
-			names[i], plans[i], ids[i] = d.sc.name, d.plan, NewID()
-			opts := append(append([]EnqueueOption(nil), d.sc.opts...), RunAt(d.plan))
-			specs[ids[i]] = JobSpec{ID: ids[i], Type: d.sc.typ, Args: d.sc.args, Options: opts}
-		}
-		var won int
-		err := pgx.BeginFunc(ctx, q.pool, func(tx pgx.Tx) error {
-			winners, err := q.store.ClaimPlans(ctx, tx, names, plans, ids)
-			if err != nil {
-				return err
-			}
-			won = len(winners)
-			if won == 0 {
+		// One transaction for every due plan; a plan whose job cannot be
+		// inserted is split off and skipped, never holding back the others.
+		w := isolate.Writer[due]{
+			Write: func(ctx context.Context, ds []due) error { return s.enqueuePlans(ctx, ds) },
+			Poison: func(_ context.Context, d due, cause error) error {
+				s.log.Error("backlog: a periodic plan could not be enqueued; skipping it", "schedule", d.sc.name,
+					"plan", d.plan, "err", cause)
+				s.mu.Lock()
+				if d.plan.After(d.sc.last) {
+					d.sc.last = d.plan
+				}
+				s.mu.Unlock()
 				return nil
-			}
-			batch := make([]JobSpec, 0, won)
-			for _, id := range winners {
-				batch = append(batch, specs[id])
-			}
-			_, err = q.insert(ctx, tx, batch)
-			return err
-		})
-		if err != nil {
+			},
+		}
+		if _, err := w.Run(ctx, dues); err != nil {
 			if ctx.Err() == nil {
-				q.log.Warn("backlog: enqueueing periodic jobs failed", "err", err)
+				s.log.Warn("backlog: enqueueing periodic jobs failed", "err", err)
 			}
 			return retry
 		}
-		s.mu.Lock()
-		for _, d := range dues {
-			if d.plan.After(d.sc.last) {
-				d.sc.last = d.plan
-			}
-		}
-		s.mu.Unlock()
-		q.log.Debug("backlog: periodic plans due", "plans", len(dues), "enqueued_here", won)
+		s.log.Debug("backlog: periodic plans due", "plans", len(dues))
 	}
 	next := time.Time{}
 	s.mu.Lock()
@@ -279,24 +286,82 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 	return max(next.Sub(dbNow)-elapsed, 0) + time.Millisecond
 }
 
+// due is one plan of one schedule that fell due.
+type due struct {
+	sc   *schedule
+	plan time.Time
+}
+
+// enqueuePlans enqueues the jobs of ds in one transaction, each unless
+// another process enqueued its plan already, and announces them after the
+// commit.
+func (s *scheduler) enqueuePlans(ctx context.Context, ds []due) error {
+	q := s.q
+	names := make([]string, len(ds))
+	plans := make([]time.Time, len(ds))
+	ids := make([]uuid.UUID, len(ds))
+	specs := map[uuid.UUID]JobSpec{}
+	for i, d := range ds {
+		names[i], plans[i], ids[i] = d.sc.name, d.plan, NewID()
+		opts := append(append([]EnqueueOption(nil), d.sc.opts...), RunAt(d.plan))
+		specs[ids[i]] = JobSpec{ID: ids[i], Type: d.sc.typ, Args: d.sc.args, Options: opts}
+	}
+	var posts []posting
+	err := pgx.BeginFunc(ctx, q.pool, func(tx pgx.Tx) error {
+		winners, err := q.store.ClaimPlans(ctx, tx, names, plans, ids)
+		if err != nil || len(winners) == 0 {
+			return err
+		}
+		batch := make([]JobSpec, 0, len(winners))
+		for _, id := range winners {
+			batch = append(batch, specs[id])
+		}
+		_, posts, err = q.insert(ctx, tx, true, batch)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	q.announce.committed(posts)
+	s.mu.Lock()
+	for _, d := range ds {
+		if d.plan.After(d.sc.last) {
+			d.sc.last = d.plan
+		}
+	}
+	s.mu.Unlock()
+	return nil
+}
+
 // missedPlans returns up to n of the most recent plans in (last, now].
 func missedPlans(p planner, last, now time.Time, n int) []time.Time {
 	if ev, ok := p.(everyPlanner); ok {
 		d := time.Duration(ev)
 		var out []time.Time
-		for t := now.Truncate(d); t.After(last) && len(out) < n; t = t.Add(-d) {
-			out = append(out, t)
+		for t := ev.floor(now); t.After(last) && len(out) < n; t = t.Add(-d) {
+			out = append([]time.Time{t}, out...)
 		}
 		return out
 	}
-	var ring []time.Time
-	for t, i := p.next(last), 0; !t.After(now) && i < 1_000_000 && !t.IsZero(); t, i = p.next(t), i+1 {
-		ring = append(ring, t)
-		if len(ring) > n {
-			ring = ring[1:]
+	// Walk forward from a window before now that doubles until it holds n
+	// plans or reaches back to last: the work is about the plans in the
+	// final window, however long ago last was.
+	for window := time.Hour; ; window *= 2 {
+		from := now.Add(-window)
+		if !from.After(last) || window > 1<<20*time.Hour {
+			from = last
+		}
+		var ring []time.Time
+		for t := p.next(from); !t.After(now) && !t.IsZero(); t = p.next(t) {
+			ring = append(ring, t)
+			if len(ring) > n {
+				ring = ring[1:]
+			}
+		}
+		if len(ring) >= n || from.Equal(last) {
+			return ring
 		}
 	}
-	return ring
 }
 
 func maxTime(a, b time.Time) time.Time {

@@ -24,12 +24,18 @@ const maxErrorBytes = 8 << 10
 // When ctx is cancelled Work stops claiming, lets running handlers finish
 // within the grace period, then cancels their contexts (cause ErrShutdown).
 // Jobs whose handlers gave up that way are released: available again at
-// once, without spending the attempt. Work returns after every goroutine it
-// started has exited and every outcome has been written: nil after ctx was
-// cancelled, ErrClosed after Close, or an *InputError for bad options.
+// once, without spending the attempt; so are jobs a claim in flight handed
+// to this call as it stopped. Work returns after every goroutine it started
+// has exited and every outcome of its jobs has been written (or, if the
+// database stays unreachable, has outlived its lease: the job then runs
+// again elsewhere): nil after ctx was cancelled, ErrClosed after Close, or
+// an *InputError for bad options.
 func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	if h == nil {
 		return invalid("handler", "must not be nil")
+	}
+	if f, ok := h.(HandlerFunc); ok && f == nil {
+		return invalid("handler", "must not be a nil HandlerFunc")
 	}
 	cfg := workConfig{concurrency: DefaultConcurrency, grace: DefaultGracePeriod}
 	for _, o := range opts {
@@ -58,14 +64,9 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 		return err
 	}
 
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
+	if !q.beginWork() {
 		return ErrClosed
 	}
-	q.startLocked()
-	q.works.Add(1)
-	q.mu.Unlock()
 	defer q.works.Done()
 
 	// Claiming stops with ctx or Close; handlers run under hard, which only
@@ -81,6 +82,10 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 		workers.Go(func() {
 			for {
 				job, err := q.acq.acquire(claimCtx, spec)
+				if job != nil && err != nil {
+					// Handed a job as Work stopped: give it back.
+					w.submit(job, releaseOf(job))
+				}
 				if err != nil {
 					return
 				}
@@ -127,15 +132,18 @@ type worker struct {
 }
 
 func (w *worker) run(job *Job) {
+	ls := w.q.leases
 	ctx, cancel := context.WithCancelCause(w.hard)
 	defer cancel(nil)
-	if err := w.q.leases.start(job.ID, job.token, cancel); err != nil {
+	if err := ls.begin(job.lease, cancel); err != nil {
 		if errors.Is(err, ErrCancelled) {
 			w.submit(job, store.Finish{ID: job.ID, Token: job.token, State: string(StateCancelled), Err: errText(err)})
 			return
 		}
-		w.q.leases.remove(job.ID, job.token)
-		w.q.log.Warn("backlog: lease lost before the job started", "job", job.ID, "type", job.Type)
+		// The lease could not be confirmed in time before the handler
+		// started: give the job back (refused if it is no longer ours).
+		w.q.log.Warn("backlog: lease lost before the job started; releasing it", "job", job.ID, "type", job.Type)
+		w.submit(job, releaseOf(job))
 		return
 	}
 	if job.Timeout > 0 {
@@ -153,22 +161,19 @@ func (w *worker) run(job *Job) {
 	err := callHandler(ctx, w.h, job)
 	ran := time.Since(began)
 	cause := context.Cause(ctx)
-	report := func(o Outcome) {
-		if hooks.Finished != nil {
-			hooks.Finished(ctx, job, JobEvent{Outcome: o, Duration: ran, QueueLatency: job.waited, Err: err})
-		}
-	}
 
-	if w.q.leases.isLost(job.ID, job.token) {
-		// Someone else may hold the job now; any write would be refused.
-		w.q.leases.remove(job.ID, job.token)
-		w.q.log.Warn("backlog: job finished after its lease was lost; outcome dropped",
-			"job", job.ID, "type", job.Type, "attempt", job.Attempt, "err", err)
-		report(OutcomeLeaseLost)
-		return
-	}
+	// Even when the lease was lost locally (not renewed in time), the
+	// outcome is written: the write is fenced by the lease token, so it
+	// lands only if the database still holds the job under this attempt,
+	// which spares a needless re-run.
 	f := w.outcome(job, err, cause)
-	report(outcomeOf(f, err))
+	if hooks.Finished != nil {
+		o := outcomeOf(f, err)
+		if ls.isLost(job.lease) {
+			o = OutcomeLeaseLost
+		}
+		hooks.Finished(ctx, job, JobEvent{Outcome: o, Duration: ran, QueueLatency: job.waited, Err: err})
+	}
 	w.submit(job, f)
 }
 
@@ -191,9 +196,9 @@ func outcomeOf(f store.Finish, err error) Outcome {
 }
 
 func (w *worker) submit(job *Job, f store.Finish) {
-	w.q.leases.finishing(job.ID, job.token)
+	w.q.leases.finishing(job.lease)
 	w.finishes.Add(1)
-	w.q.comp.submit(finishReq{f: f, job: job, done: func(bool) { w.finishes.Done() }})
+	w.q.comp.submit(&finishReq{f: f, job: job, done: func(bool) { w.finishes.Done() }})
 }
 
 // outcome maps what the handler returned to the write that records it.
@@ -201,6 +206,8 @@ func (w *worker) outcome(job *Job, err, cause error) store.Finish {
 	f := store.Finish{ID: job.ID, Token: job.token}
 	var snooze *snoozeError
 	switch {
+	case w.q.leases.failure(job.lease) != nil:
+		f.State, f.Err = string(StateFailed), errText(w.q.leases.failure(job.lease))
 	case err == nil:
 		res, rerr := job.result()
 		if rerr != nil {
@@ -209,7 +216,10 @@ func (w *worker) outcome(job *Job, err, cause error) store.Finish {
 		}
 		f.State, f.Result = string(StateCompleted), res
 	case errors.Is(cause, ErrCancelled):
-		f.State, f.Err = string(StateCancelled), errText(fmt.Errorf("%w: %w", ErrCancelled, err))
+		if !errors.Is(err, ErrCancelled) {
+			err = fmt.Errorf("%w: %w", ErrCancelled, err)
+		}
+		f.State, f.Err = string(StateCancelled), errText(err)
 	case errors.Is(cause, ErrShutdown):
 		f.State, f.AttemptDelta, f.Delay = string(StateAvailable), -1, -1 // released, keeping its place
 	case errors.As(err, &snooze):
@@ -221,6 +231,9 @@ func (w *worker) outcome(job *Job, err, cause error) store.Finish {
 	default:
 		if errors.Is(cause, ErrJobTimeout) && !errors.Is(err, ErrJobTimeout) {
 			err = fmt.Errorf("%w after %s: %w", ErrJobTimeout, job.Timeout, err)
+		}
+		if errors.Is(cause, ErrLeaseLost) && !errors.Is(err, ErrLeaseLost) {
+			err = fmt.Errorf("%w: %w", ErrLeaseLost, err)
 		}
 		f.State, f.Err, f.Delay = string(StateAvailable), errText(err), w.backoff(job.Type).Delay(job.Attempt)
 	}

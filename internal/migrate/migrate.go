@@ -121,3 +121,28 @@ func Up(ctx context.Context, pool *pgxpool.Pool, schema string, ms []Migration) 
 	}
 	return applied, nil
 }
+
+// Version returns the schema's migration version: 0 when the schema or its
+// version table does not exist. A dirty version is an error.
+func Version(ctx context.Context, pool *pgxpool.Pool, schema string) (int64, error) {
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
+		pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
+		return 0, err
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int64
+	var dirty bool
+	err := pool.QueryRow(ctx, `SELECT version, dirty FROM `+pgx.Identifier{schema, "schema_migrations"}.Sanitize()+` LIMIT 1`).Scan(&v, &dirty)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, nil
+	case err != nil:
+		return 0, err
+	case dirty:
+		return 0, fmt.Errorf("schema %s is marked dirty at version %d (a migration failed half-way under another tool)", schema, v)
+	}
+	return v, nil
+}

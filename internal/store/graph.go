@@ -4,56 +4,87 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/backlogq/backlog/internal/pgerr"
 )
 
 // The job graph: dependencies (edges of kind 'depends'), per-key ordering
-// (kind 'order', from the tail of the key's chain to the new job), unique
-// keys, cancellation and completion notices.
+// (kind 'order', from the tail of the key's chain to the new job),
+// cancellation and the release of dependents.
 //
-// Lock discipline. A dependent is added under its prerequisite's row lock
-// (FOR NO KEY UPDATE), re-reading the prerequisite's state after the lock;
-// a prerequisite with dependents finishes in a transaction whose first
-// statement takes that row lock and whose later statements (on a newer
-// snapshot) consume the edges. So an edge is either seen by the finish or
-// added after it, by an enqueue that then sees the terminal state. Chains
-// of one ordering key are changed only under a transaction-scoped advisory
-// lock on the key (enqueue, and cancelling a blocked job of the chain).
+// # Lock order
+//
+// Every operation that locks more than one job or key takes its locks in
+// this order, and only in this order:
+//
+//  1. Ordering-key advisory locks (pg_advisory_xact_lock(hashtext(schema),
+//     hashtext(key))), in sorted key order, before any row lock. A key's
+//     chain is changed only under its key lock (enqueue, splice).
+//  2. Job rows, a job's prerequisites (and chain predecessors) before the
+//     job itself: upstream before downstream. Rows at the same level are
+//     locked in ascending ID order.
+//
+// A lock that would break the order (a key, or an upstream row, found only
+// after rows are held) is only ever tried without waiting
+// (pg_try_advisory_xact_lock, NOWAIT). When the try fails the transaction
+// rolls back and starts again with that key or row in its lockPlan, taken
+// first and in order (runGraphTx). So no two graph operations can wait for
+// each other in a cycle.
+//
+// # Lock modes
+//
+//   - Adding a dependent to a job (enqueue with DependsOn or an ordering
+//     key, splicing a chain) takes FOR KEY SHARE on the job's row and reads
+//     its state after the lock; the job's row itself is never written. So
+//     a caller's transaction that enqueued a dependent holds nothing
+//     stronger than KEY SHARE on the prerequisite for as long as it stays
+//     open.
+//   - Every move of a job to a terminal state (finish, sweep, cancel,
+//     cascade) takes FOR UPDATE on its row first. FOR UPDATE conflicts with
+//     KEY SHARE: a finish either comes after the transaction adding a
+//     dependent has committed, or goes first, and the enqueue then reads
+//     the terminal state. A finish reads its rows' edges in a second
+//     statement, on a snapshot taken after it holds the row locks, so an
+//     edge committed while it waited is never missed; it releases the
+//     dependents in the same transaction.
+//   - Lease renewal takes FOR NO KEY UPDATE SKIP LOCKED: it never waits,
+//     and KEY SHARE does not hold it back, so a caller's open transaction
+//     that added a dependent never costs a running prerequisite its lease.
+//   - Claims and batched finishes take FOR UPDATE SKIP LOCKED: one locked
+//     row never delays the others of a batch; the caller retries a skipped
+//     (busy) row on its own, where waiting delays nobody else.
 
 type graphSQL struct {
-	lockKeys, tails, lockPrereqs, mark, insert, insertUnique, edges, dups string
-	cascadeKeys, splice, release                                          string
-	read, cancelQueued, requestCancel, markWaiting                        string
+	lockKeys, tryKeys, tails, lockPrereqs, insert, insertUnique, edges, liveHolders string
+	level, lockCancel, lockCancelSkip, blockedCount, splice, release                string
+	read, lockOne, cancelQueued, requestCancel, markWaiting, orderPreds, lockShare  string
+	chainPreds                                                                      string
 }
 
 const live = `('blocked', 'available', 'running')`
 
 func (s *Store) buildGraph() {
-	edges := pgx.Identifier{s.Schema, "job_edges"}.Sanitize()
 	g := &s.graph
 	g.lockKeys = `SELECT count(*) FROM (SELECT pg_advisory_xact_lock(hashtext($1), hashtext(k))
 	FROM (SELECT DISTINCT unnest($2::text[]) AS k ORDER BY 1) s) l`
+	// Out of order: returns the keys it could not lock.
+	g.tryKeys = `SELECT COALESCE(array_agg(k), '{}') FROM (SELECT DISTINCT unnest($2::text[]) AS k ORDER BY 1) s
+WHERE NOT pg_try_advisory_xact_lock(hashtext($1), hashtext(k))`
 	// The tail of a key's chain: its live job with no live successor.
 	g.tails = `SELECT DISTINCT ON (j.ordering_key) j.ordering_key, j.id FROM ` + s.jobs + ` j
 WHERE j.ordering_key = ANY($1::text[]) AND j.state IN ` + live + `
-  AND NOT EXISTS (SELECT 1 FROM ` + edges + ` e JOIN ` + s.jobs + ` n ON n.id = e.job
+  AND NOT EXISTS (SELECT 1 FROM ` + s.edges + ` e JOIN ` + s.jobs + ` n ON n.id = e.job
                   WHERE e.prereq = j.id AND e.kind = 'order' AND n.state IN ` + live + `)
 ORDER BY j.ordering_key, j.created_at DESC, j.id DESC`
-	// Locking an available job makes concurrent claims skip it (SKIP LOCKED)
-	// and possibly park: whoever locks one announces it, and the posting is
-	// delivered when the lock is released (at commit).
-	g.lockPrereqs = `WITH l AS (
-	SELECT id, state, type, tags FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
-)
-SELECT id, state FROM l
-UNION ALL
-SELECT NULL::uuid, NULL::text FROM (SELECT pg_notify($2, json_build_object('type', type, 'tags', tags)::text)
-	FROM (SELECT DISTINCT type, tags FROM l WHERE state = 'available') d) n`
-	g.mark = `UPDATE ` + s.jobs + ` SET has_dependents = true WHERE id = ANY($1::uuid[]) AND NOT has_dependents`
+	// Prerequisites, upstream rows: KEY SHARE, waiting, in ID order. An
+	// available one is skipped by concurrent claims while locked: the
+	// caller announces it, to be delivered when the lock goes (at commit).
+	g.lockPrereqs = `SELECT id, state, type, tags, run_at FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE`
 	cols := `(id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state, blocked_by, ordering_key, unique_key, last_error, finished_at)`
 	sel := `SELECT t.id, t.type, t.args, t.tags, t.priority,
 	       COALESCE(t.run_at, now() + t.delay_ms * interval '1 millisecond'), t.max_attempts, t.timeout_ms,
@@ -65,43 +96,51 @@ SELECT NULL::uuid, NULL::text FROM (SELECT pg_notify($2, json_build_object('type
 	g.insert = `INSERT INTO ` + s.jobs + ` ` + cols + ` ` + sel + ` RETURNING id`
 	g.insertUnique = `INSERT INTO ` + s.jobs + ` ` + cols + ` ` + sel + `
 	ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ` + live + ` DO NOTHING RETURNING id`
-	g.edges = `INSERT INTO ` + edges + ` (prereq, job, kind) SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[])`
-	g.dups = `SELECT unique_key, id FROM ` + s.jobs + ` WHERE unique_key = ANY($1::text[]) AND state IN ` + live
+	g.edges = `INSERT INTO ` + s.edges + ` (prereq, job, kind) SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) ON CONFLICT DO NOTHING`
+	g.liveHolders = `SELECT unique_key, id FROM ` + s.jobs + ` WHERE unique_key = ANY($1::text[]) AND state IN ` + live
 
-	// Keys of blocked jobs that a failed or cancelled prerequisite is about
-	// to cancel: their chains change, so their keys are locked first.
-	g.cascadeKeys = `SELECT DISTINCT j.ordering_key FROM ` + edges + ` e
-	JOIN ` + s.jobs + ` p ON p.id = e.prereq JOIN ` + s.jobs + ` j ON j.id = e.job
-WHERE e.prereq = ANY($1::uuid[]) AND e.kind = 'depends' AND p.state IN ('failed', 'cancelled')
-  AND j.state = 'blocked' AND j.ordering_key IS NOT NULL`
-	// A job cancelled while blocked in a chain hands its live predecessor
-	// on to its successor, so the chain keeps its order.
+	// One level of a release: the edges of terminal prerequisites, with
+	// what a dependent needs to know. Read without locks; the writes below
+	// re-check under their own.
+	g.level = `SELECT e.job, e.kind, p.id, p.state, j.state, COALESCE(j.ordering_key, '')
+FROM ` + s.edges + ` e JOIN ` + s.jobs + ` p ON p.id = e.prereq JOIN ` + s.jobs + ` j ON j.id = e.job
+WHERE e.prereq = ANY($1::uuid[]) AND p.state IN ('completed', 'failed', 'cancelled')`
+	// Dependents about to be cancelled: a terminal transition, FOR UPDATE.
+	// Downstream of rows already held: may wait (bounded by lock_timeout).
+	g.lockCancel = `SELECT id FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) AND state = 'blocked' ORDER BY id FOR UPDATE`
+	g.lockCancelSkip = `SELECT count(*) FROM (SELECT id FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) AND state = 'blocked' ORDER BY id FOR UPDATE SKIP LOCKED) l`
+	g.blockedCount = `SELECT count(*) FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) AND state = 'blocked'`
+	// Live predecessors of jobs that ended while blocked in a chain: they
+	// get the jobs' successors. Upstream of rows already held: NOWAIT (the
+	// caller restarts with them in its plan when one is busy).
+	g.orderPreds = `SELECT DISTINCT e.prereq FROM ` + s.edges + ` e JOIN ` + s.jobs + ` p ON p.id = e.prereq
+WHERE e.job = ANY($1::uuid[]) AND e.kind = 'order' AND p.state IN ` + live + `
+  AND EXISTS (SELECT 1 FROM ` + s.edges + ` x WHERE x.prereq = e.job AND x.kind = 'order')`
+	g.lockShare = `SELECT id FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE`
 	g.splice = `WITH preds AS (
-	SELECT e.prereq AS pred, e.job AS mid FROM ` + edges + ` e WHERE e.job = ANY($1::uuid[]) AND e.kind = 'order'
+	SELECT e.prereq AS pred, e.job AS mid FROM ` + s.edges + ` e WHERE e.job = ANY($1::uuid[]) AND e.kind = 'order'
 ), locked AS (
-	SELECT p.id, p.state, p.type, p.tags FROM ` + s.jobs + ` p WHERE p.id IN (SELECT pred FROM preds) AND p.state IN ` + live + `
-	ORDER BY p.id FOR NO KEY UPDATE
-), wake AS (
-	SELECT pg_notify($2, json_build_object('type', type, 'tags', tags)::text)
-	FROM (SELECT DISTINCT type, tags FROM locked WHERE state = 'available') d
+	SELECT p.id FROM ` + s.jobs + ` p WHERE p.id IN (SELECT pred FROM preds) AND p.state IN ` + live + `
+	ORDER BY p.id FOR KEY SHARE NOWAIT
 ), ins AS (
-	INSERT INTO ` + edges + ` (prereq, job, kind)
+	INSERT INTO ` + s.edges + ` (prereq, job, kind)
 	SELECT pr.pred, x.job, 'order' FROM preds pr JOIN locked l ON l.id = pr.pred
-	JOIN ` + edges + ` x ON x.prereq = pr.mid AND x.kind = 'order'
+	JOIN ` + s.edges + ` x ON x.prereq = pr.mid AND x.kind = 'order'
 	JOIN ` + s.jobs + ` n ON n.id = x.job AND n.state = 'blocked'
-	ON CONFLICT DO NOTHING RETURNING job
+	ON CONFLICT DO NOTHING RETURNING prereq, job
 ), upd AS (
 	UPDATE ` + s.jobs + ` j SET blocked_by = j.blocked_by + c.n
 	FROM (SELECT job, count(*)::int AS n FROM ins GROUP BY job) c WHERE j.id = c.job
 	RETURNING j.id
 )
-SELECT (SELECT count(*) FROM upd), (SELECT count(*) FROM wake)`
+SELECT count(*) FROM upd`
 	// Consume the edges of terminal prerequisites: a completed one (or any
 	// terminal predecessor in a chain) unblocks, a failed or cancelled
-	// dependency cancels. Returns the newly cancelled jobs that have
-	// dependents of their own, and notifies.
+	// dependency cancels. Returns the jobs made available (to announce) and
+	// the newly cancelled jobs (the next level), and sends completion
+	// notices.
 	g.release = `WITH e AS (
-	DELETE FROM ` + edges + ` x USING ` + s.jobs + ` p
+	DELETE FROM ` + s.edges + ` x USING ` + s.jobs + ` p
 	WHERE x.prereq = p.id AND p.id = ANY($1::uuid[]) AND p.state IN ('completed', 'failed', 'cancelled')
 	RETURNING x.job, x.kind, x.prereq, p.state AS pstate
 ), agg AS (
@@ -115,18 +154,16 @@ SELECT (SELECT count(*) FROM upd), (SELECT count(*) FROM wake)`
 		last_error = CASE WHEN agg.bad IS NOT NULL THEN 'cancelled: prerequisite ' || agg.bad ELSE j.last_error END,
 		finished_at = CASE WHEN agg.bad IS NOT NULL THEN now() END
 	FROM agg WHERE j.id = agg.job AND j.state = 'blocked'
-	RETURNING j.id, j.state, j.type, j.tags, j.run_at, j.has_dependents, j.notify_done
+	RETURNING j.id, j.state, j.type, j.tags, j.run_at, j.notify_done
 )
-SELECT u.id FROM upd u WHERE u.state = 'cancelled' AND u.has_dependents
+SELECT u.id, u.state, u.type, u.tags, u.run_at, greatest(0, ceil(extract(epoch FROM u.run_at - now()) * 1000))::bigint
+FROM upd u WHERE u.state IN ('cancelled', 'available')
 UNION ALL
-SELECT NULL::uuid FROM (SELECT pg_notify($2, json_build_object('type', d.type, 'tags', d.tags,
-		'in', greatest(0, ceil(extract(epoch FROM d.run_at - now()) * 1000))::bigint)::text)
-	FROM (SELECT type, tags, min(run_at) AS run_at FROM upd WHERE state = 'available' GROUP BY type, tags) d) n
-UNION ALL
-SELECT NULL::uuid FROM (SELECT pg_notify($2, json_build_object('done', u.id)::text) FROM upd u
+SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_object('done', u.id)::text) FROM upd u
 	WHERE u.notify_done AND u.state = 'cancelled') w`
 
-	g.read = `SELECT state, ordering_key FROM ` + s.jobs + ` WHERE id = $1`
+	g.read = `SELECT state, COALESCE(ordering_key, '') FROM ` + s.jobs + ` WHERE id = $1`
+	g.lockOne = `SELECT state FROM ` + s.jobs + ` WHERE id = $1 FOR UPDATE`
 	g.cancelQueued = `WITH c AS (
 	UPDATE ` + s.jobs + ` SET state = 'cancelled', finished_at = now(), last_error = 'cancelled by request'
 	WHERE id = $1 AND state IN ('blocked', 'available') RETURNING id, notify_done
@@ -136,424 +173,256 @@ SELECT count(*), count(pg_notify($2, json_build_object('done', id)::text)) FILTE
 	UPDATE ` + s.jobs + ` SET cancel_requested = true WHERE id = $1 AND state = 'running' RETURNING id
 )
 SELECT count(*), count(pg_notify($2, json_build_object('cancel', id)::text)) FROM c`
-	g.markWaiting = `WITH u AS (
-	UPDATE ` + s.jobs + ` SET notify_done = true WHERE id = $1 RETURNING state, type, tags
-)
-SELECT u.state, (SELECT count(pg_notify($2, json_build_object('type', w.type, 'tags', w.tags)::text))
-                 FROM u w WHERE w.state = 'available') FROM u`
+	g.markWaiting = `UPDATE ` + s.jobs + ` SET notify_done = true WHERE id = $1 RETURNING state, type, tags`
+	g.chainPreds = `SELECT e.prereq FROM ` + s.edges + ` e JOIN ` + s.jobs + ` p ON p.id = e.prereq
+WHERE e.job = $1 AND e.kind = 'order' AND p.state IN ` + live + ` ORDER BY 1`
 }
 
-// ErrUnknownPrerequisites is wrapped by InsertGraph when a dependency names
-// a job that does not exist.
-var ErrUnknownPrerequisites = errors.New("unknown prerequisite job IDs")
-
-// GraphJob is a job with graph features; see InsertGraph.
-type GraphJob struct {
-	NewJob
-	DependsOn   []uuid.UUID // prerequisites: earlier jobs or members of the batch
-	OrderingKey string
-	UniqueKey   string
+// lockPlan is what a graph transaction locks first, in the lock order: the
+// keys and upstream rows an earlier attempt found it needed out of order.
+type lockPlan struct {
+	keys []string
+	rows []uuid.UUID
 }
 
-// Inserted reports one job of InsertGraph.
-type Inserted struct {
-	ID        uuid.UUID // the new job, or the existing one for a duplicate
-	Duplicate bool      // a live job with the same unique key existed
-	State     string    // state of the new job (blocked, available, cancelled)
-	Type      string
-	Tags      []byte
-	Delay     time.Duration
-	RunAt     *time.Time
+// restartError asks runGraphTx to start over with more locks in its plan.
+type restartError struct {
+	keys []string
+	rows []uuid.UUID
 }
 
-// InsertGraph inserts jobs with dependencies, ordering keys or unique keys
-// inside tx, following the lock discipline above. The batch has been
-// validated (no cycles, no self-dependency, no unique job that another
-// batch member depends on).
-func (s *Store) InsertGraph(ctx context.Context, tx pgx.Tx, jobs []GraphJob) ([]Inserted, error) {
-	g := &s.graph
-	inBatch := make(map[uuid.UUID]int, len(jobs))
-	for i, j := range jobs {
-		inBatch[j.ID] = i
-	}
+func (e *restartError) Error() string {
+	return fmt.Sprintf("graph transaction must restart with %d more key(s) and %d more row(s) locked first", len(e.keys), len(e.rows))
+}
 
-	// 1. Serialise enqueues of each ordering key, then find each key's tail.
-	var keys []string
-	seenKey := map[string]bool{}
-	for _, j := range jobs {
-		if j.OrderingKey != "" && !seenKey[j.OrderingKey] {
-			seenKey[j.OrderingKey] = true
-			keys = append(keys, j.OrderingKey)
-		}
-	}
-	sort.Strings(keys)
-	tails := map[string]uuid.UUID{}
-	if len(keys) > 0 {
-		var n int64
-		if err := tx.QueryRow(ctx, g.lockKeys, Mode, s.Schema, keys).Scan(&n); err != nil {
-			return nil, fmt.Errorf("locking ordering keys: %w", err)
-		}
-		var err error
-		if tails, err = idsByKey(ctx, tx, g.tails, keys); err != nil {
-			return nil, fmt.Errorf("finding ordering tails: %w", err)
-		}
-	}
+// maxGraphRestarts bounds runGraphTx's attempts. Each restart only grows
+// the plan, and a plan only needs the keys and rows of one neighbourhood of
+// the graph, so a few suffice unless the graph keeps changing under us.
+const maxGraphRestarts = 20
 
-	// 2. Lock the external prerequisites (dependencies outside the batch
-	// and the chain tails) and read their state after the lock.
-	external := map[uuid.UUID]bool{}
-	for _, j := range jobs {
-		for _, d := range j.DependsOn {
-			if _, ok := inBatch[d]; !ok {
-				external[d] = true
+// ErrGraphContention is returned when a graph transaction kept needing
+// locks held by others. It is transient: try again.
+var ErrGraphContention = errors.New("graph operation kept restarting for locks held by concurrent transactions")
+
+// runGraphTx runs fn in a transaction on the pool with lock_timeout set to
+// lockTimeout (0: none), taking plan's locks first. When fn returns a
+// restartError the transaction rolls back and runs again with the plan
+// grown.
+func (s *Store) runGraphTx(ctx context.Context, lockTimeout time.Duration, fn func(tx pgx.Tx, plan *lockPlan) error) error {
+	return s.runGraphTxPlan(ctx, lockTimeout, lockPlan{}, fn)
+}
+
+func (s *Store) runGraphTxPlan(ctx context.Context, lockTimeout time.Duration, plan lockPlan, fn func(tx pgx.Tx, plan *lockPlan) error) error {
+	for range maxGraphRestarts {
+		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if lockTimeout > 0 {
+				if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, Mode,
+					fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1))); err != nil {
+					return err
+				}
 			}
+			if err := s.takePlan(ctx, tx, &plan); err != nil {
+				return err
+			}
+			return fn(tx, &plan)
+		})
+		var rs *restartError
+		if !errors.As(err, &rs) {
+			return err
+		}
+		plan.keys = append(plan.keys, rs.keys...)
+		plan.rows = append(plan.rows, rs.rows...)
+	}
+	return ErrGraphContention
+}
+
+// takePlan takes a plan's locks in the lock order: keys, then rows.
+func (s *Store) takePlan(ctx context.Context, tx pgx.Tx, plan *lockPlan) error {
+	if len(plan.keys) > 0 {
+		if err := s.lockKeys(ctx, tx, plan.keys); err != nil {
+			return err
 		}
 	}
-	for _, t := range tails {
-		external[t] = true
-	}
-	states := map[uuid.UUID]string{}
-	if len(external) > 0 {
-		ids := make([]uuid.UUID, 0, len(external))
-		for id := range external {
-			ids = append(ids, id)
-		}
-		rows, err := tx.Query(ctx, g.lockPrereqs, Mode, ids, s.Channel)
+	if len(plan.rows) > 0 {
+		rows, err := tx.Query(ctx, s.graph.lockShare, Mode, plan.rows)
 		if err != nil {
-			return nil, fmt.Errorf("locking prerequisites: %w", err)
-		}
-		for rows.Next() {
-			var id *uuid.UUID
-			var st *string
-			if err := rows.Scan(&id, &st); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			if id != nil {
-				states[*id] = *st
-			}
+			return err
 		}
 		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("locking prerequisites: %w", err)
-		}
-		var unknown []string
-		for id := range external {
-			if _, ok := states[id]; !ok {
-				unknown = append(unknown, id.String())
-			}
-		}
-		if len(unknown) > 0 {
-			sort.Strings(unknown)
-			return nil, fmt.Errorf("%w: %v", ErrUnknownPrerequisites, unknown)
-		}
-	}
-
-	// 3. Dependencies, prerequisites first: a failed or cancelled one
-	// cancels the job, an unfinished one blocks it.
-	out := make([]Inserted, len(jobs))
-	blocked := make([]int32, len(jobs))
-	lastErr := make([]*string, len(jobs))
-	var eP, eJ []uuid.UUID
-	var eK []string
-	for _, i := range topoOrder(jobs, inBatch) {
-		j := jobs[i]
-		out[i] = Inserted{ID: j.ID, State: "available", Type: j.Type, Tags: j.Tags, Delay: j.Delay, RunAt: j.RunAt}
-		for _, d := range j.DependsOn {
-			st := states[d]
-			if bi, in := inBatch[d]; in {
-				st = out[bi].State
-			}
-			switch {
-			case st == "completed":
-			case st == "failed" || st == "cancelled":
-				if lastErr[i] == nil {
-					msg := fmt.Sprintf("cancelled: prerequisite %s %s", d, st)
-					lastErr[i] = &msg
-					out[i].State = "cancelled"
-				}
-			default:
-				blocked[i]++
-				eP, eJ, eK = append(eP, d), append(eJ, j.ID), append(eK, "depends")
-			}
-		}
-		if out[i].State != "cancelled" && blocked[i] > 0 {
-			out[i].State = "blocked"
-		}
-	}
-	// 4. Ordering chains, in batch order; a job cancelled on arrival is not
-	// part of its chain.
-	prev := map[string]uuid.UUID{}
-	for k, t := range tails {
-		if !terminal(states[t]) {
-			prev[k] = t
-		}
-	}
-	for i, j := range jobs {
-		k := j.OrderingKey
-		if k == "" || out[i].State == "cancelled" {
-			continue
-		}
-		if p, ok := prev[k]; ok {
-			blocked[i]++
-			out[i].State = "blocked"
-			eP, eJ, eK = append(eP, p), append(eJ, j.ID), append(eK, "order")
-		}
-		prev[k] = j.ID
-	}
-	var open []uuid.UUID
-	for _, p := range eP {
-		if _, in := inBatch[p]; in || !terminal(states[p]) {
-			open = append(open, p)
-		}
-	}
-
-	// 5. Insert the jobs (unique duplicates are skipped), then the edges of
-	// the jobs that were inserted.
-	n := len(jobs)
-	ids := make([]uuid.UUID, n)
-	types := make([]string, n)
-	args := make([][]byte, n)
-	tags := make([][]byte, n)
-	prios := make([]int16, n)
-	runAts := make([]*time.Time, n)
-	delays := make([]int64, n)
-	maxAtt := make([]int32, n)
-	timeouts := make([]int64, n)
-	stateCol := make([]string, n)
-	okeys := make([]*string, n)
-	ukeys := make([]*string, n)
-	unique := false
-	for i, j := range jobs {
-		ids[i], types[i], args[i], tags[i] = j.ID, j.Type, j.Args, j.Tags
-		prios[i], runAts[i], maxAtt[i] = j.Priority, j.RunAt, j.MaxAttempts
-		delays[i], timeouts[i] = j.Delay.Milliseconds(), j.Timeout.Milliseconds()
-		stateCol[i] = out[i].State
-		if j.OrderingKey != "" {
-			okeys[i] = &jobs[i].OrderingKey
-		}
-		if j.UniqueKey != "" {
-			ukeys[i] = &jobs[i].UniqueKey
-			unique = true
-		}
-	}
-	q := g.insert
-	if unique {
-		q = g.insertUnique
-	}
-	rows, err := tx.Query(ctx, q, Mode, ids, types, args, tags, prios, runAts, delays, maxAtt, timeouts,
-		stateCol, blocked, okeys, ukeys, lastErr)
-	if err != nil {
-		return nil, err
-	}
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return nil, err
-	}
-	if len(inserted) < n {
-		got := make(map[uuid.UUID]bool, len(inserted))
-		for _, id := range inserted {
-			got[id] = true
-		}
-		var dupKeys []string
-		for i, j := range jobs {
-			if !got[j.ID] {
-				out[i].Duplicate = true
-				dupKeys = append(dupKeys, j.UniqueKey)
-			}
-		}
-		existing, err := idsByKey(ctx, tx, g.dups, dupKeys)
-		if err != nil {
-			return nil, fmt.Errorf("reading duplicates: %w", err)
-		}
-		for i, j := range jobs {
-			if !out[i].Duplicate {
-				continue
-			}
-			id, ok := existing[j.UniqueKey]
-			if !ok {
-				// The live job ended between the insert and the look-up.
-				return nil, fmt.Errorf("unique key %q: the existing job finished during the insert; retry", j.UniqueKey)
-			}
-			out[i].ID, out[i].State = id, ""
-		}
-		// Drop the edges of jobs that were not inserted.
-		k := 0
-		for x := range eJ {
-			if got[eJ[x]] {
-				eP[k], eJ[k], eK[k] = eP[x], eJ[x], eK[x]
-				k++
-			}
-		}
-		eP, eJ, eK = eP[:k], eJ[:k], eK[:k]
-	}
-	if len(eP) > 0 {
-		if _, err := tx.Exec(ctx, g.edges, Mode, eP, eJ, eK); err != nil {
-			return nil, fmt.Errorf("inserting edges: %w", err)
-		}
-	}
-	if len(open) > 0 {
-		if _, err := tx.Exec(ctx, g.mark, Mode, open); err != nil {
-			return nil, fmt.Errorf("marking prerequisites: %w", err)
-		}
-	}
-	return out, nil
-}
-
-// idsByKey runs a query returning (key, id) rows for keys.
-func idsByKey(ctx context.Context, tx pgx.Tx, sql string, keys []string) (map[string]uuid.UUID, error) {
-	rows, err := tx.Query(ctx, sql, Mode, keys)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]uuid.UUID{}
-	var k string
-	var id uuid.UUID
-	if _, err := pgx.ForEachRow(rows, []any{&k, &id}, func() error { out[k] = id; return nil }); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// topoOrder returns batch indexes with in-batch prerequisites first. The
-// batch is acyclic (validated by the caller).
-func topoOrder(jobs []GraphJob, inBatch map[uuid.UUID]int) []int {
-	order := make([]int, 0, len(jobs))
-	state := make([]uint8, len(jobs)) // 0 new, 1 visiting, 2 done
-	var visit func(i int)
-	visit = func(i int) {
-		if state[i] != 0 {
-			return
-		}
-		state[i] = 1
-		for _, d := range jobs[i].DependsOn {
-			if bi, ok := inBatch[d]; ok {
-				visit(bi)
-			}
-		}
-		state[i] = 2
-		order = append(order, i)
-	}
-	for i := range jobs {
-		visit(i)
-	}
-	return order
-}
-
-func terminal(state string) bool {
-	return state == "completed" || state == "failed" || state == "cancelled"
-}
-
-// Release consumes the edges of the given terminal prerequisites inside tx:
-// dependents whose last prerequisite completed become available (and are
-// announced), dependents of a failed or cancelled dependency are cancelled,
-// transitively.
-func (s *Store) Release(ctx context.Context, tx pgx.Tx, frontier []uuid.UUID) error {
-	g := &s.graph
-	for len(frontier) > 0 {
-		rows, err := tx.Query(ctx, g.cascadeKeys, Mode, frontier)
-		if err != nil {
-			return fmt.Errorf("releasing dependents: %w", err)
-		}
-		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return fmt.Errorf("releasing dependents: %w", err)
-		}
-		if len(keys) > 0 {
-			var n int64
-			if err := tx.QueryRow(ctx, g.lockKeys, Mode, s.Schema, keys).Scan(&n); err != nil {
-				return fmt.Errorf("locking ordering keys: %w", err)
-			}
-		}
-		var spliced, woken int64
-		if err := tx.QueryRow(ctx, g.splice, Mode, frontier, s.Channel).Scan(&spliced, &woken); err != nil {
-			return fmt.Errorf("splicing ordering chains: %w", err)
-		}
-		rows, err = tx.Query(ctx, g.release, Mode, frontier, s.Channel)
-		if err != nil {
-			return fmt.Errorf("releasing dependents: %w", err)
-		}
-		next, err := pgx.CollectRows(rows, pgx.RowTo[*uuid.UUID])
-		if err != nil {
-			return fmt.Errorf("releasing dependents: %w", err)
-		}
-		frontier = frontier[:0]
-		for _, id := range next {
-			if id != nil {
-				frontier = append(frontier, *id)
-			}
-		}
+		return rows.Err()
 	}
 	return nil
 }
 
-// CancelOutcome is what Cancel did.
-type CancelOutcome struct {
-	State     string // the job's state after the call
-	Requested bool   // the job was running: its worker was asked to stop
+func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, keys []string) error {
+	var n int64
+	if err := tx.QueryRow(ctx, s.graph.lockKeys, Mode, s.schema, keys).Scan(&n); err != nil {
+		return fmt.Errorf("locking ordering keys: %w", err)
+	}
+	return nil
 }
 
-// Cancel cancels a blocked or available job at once (cascading to its
-// dependents), asks the worker of a running job to stop, and leaves a
-// finished job alone.
-func (s *Store) Cancel(ctx context.Context, id uuid.UUID) (CancelOutcome, error) {
+// Release consumes the edges of the given terminal prerequisites inside tx:
+// dependents whose last prerequisite completed become available (returned,
+// to be announced after the commit), dependents of a failed or cancelled
+// dependency are cancelled, transitively, and chains that lose a blocked
+// member are spliced so they keep their order.
+//
+// With skip (the fast lane), a dependent to cancel that another transaction
+// holds fails the call with errBusy instead of waiting for it.
+func (s *Store) release(ctx context.Context, tx pgx.Tx, frontier []uuid.UUID, plan *lockPlan, skip bool) ([]Avail, error) {
 	g := &s.graph
-	var out CancelOutcome
-	err := pgx.BeginFunc(ctx, s.Pool, func(tx pgx.Tx) error {
-		for range 10 { // the state can move under us; a few rounds settle it
-			var state string
-			var okey *string
-			if err := tx.QueryRow(ctx, g.read, Mode, id).Scan(&state, &okey); err != nil {
-				if errors.Is(err, pgx.ErrNoRows) {
-					return ErrNotFound
+	var avail []Avail
+	for len(frontier) > 0 {
+		// Which dependents this level cancels, and their keys.
+		rows, err := tx.Query(ctx, g.level, Mode, frontier)
+		if err != nil {
+			return nil, fmt.Errorf("reading dependents: %w", err)
+		}
+		var (
+			job, prereq  uuid.UUID
+			kind, pstate string
+			jstate, okey string
+			cancel       []uuid.UUID
+			keys         []string
+			seenC, seenK = map[uuid.UUID]bool{}, map[string]bool{}
+		)
+		_, scanErr := pgx.ForEachRow(rows, []any{&job, &kind, &prereq, &pstate, &jstate, &okey}, func() error {
+			if kind == "depends" && pstate != "completed" && jstate == "blocked" && !seenC[job] {
+				seenC[job] = true
+				cancel = append(cancel, job)
+				if okey != "" && !seenK[okey] {
+					seenK[okey] = true
+					keys = append(keys, okey)
 				}
-				return err
 			}
-			switch state {
-			case "blocked", "available":
-				if okey != nil {
-					var n int64
-					if err := tx.QueryRow(ctx, g.lockKeys, Mode, s.Schema, []string{*okey}).Scan(&n); err != nil {
-						return err
-					}
-				}
-				var n, notified int64
-				if err := tx.QueryRow(ctx, g.cancelQueued, Mode, id, s.Channel).Scan(&n, &notified); err != nil {
-					return err
-				}
-				if n == 0 {
-					continue
-				}
-				out = CancelOutcome{State: "cancelled"}
-				return s.Release(ctx, tx, []uuid.UUID{id})
-			case "running":
-				var n, notified int64
-				if err := tx.QueryRow(ctx, g.requestCancel, Mode, id, s.Channel).Scan(&n, &notified); err != nil {
-					return err
-				}
-				if n == 0 {
-					continue
-				}
-				out = CancelOutcome{State: "running", Requested: true}
-				return nil
-			default:
-				out = CancelOutcome{State: state}
-				return nil
+			return nil
+		})
+		if scanErr != nil {
+			return nil, fmt.Errorf("reading dependents: %w", scanErr)
+		}
+		// Keys of chains about to change: found after rows are held, so
+		// tried without waiting.
+		if len(keys) > 0 {
+			var missed []string
+			if err := tx.QueryRow(ctx, g.tryKeys, Mode, s.schema, keys).Scan(&missed); err != nil {
+				return nil, fmt.Errorf("locking ordering keys: %w", err)
+			}
+			if len(missed) > 0 {
+				return nil, &restartError{keys: missed}
 			}
 		}
-		return fmt.Errorf("job %s kept changing state", id)
-	})
-	return out, err
+		if len(cancel) > 0 {
+			if err := s.lockToCancel(ctx, tx, cancel, skip); err != nil {
+				return nil, err
+			}
+		}
+		// Frontier jobs that ended while blocked in a chain hand their
+		// live predecessors on to their successors.
+		if err := s.splice(ctx, tx, frontier); err != nil {
+			return nil, err
+		}
+		a, next, err := s.releaseLevel(ctx, tx, frontier)
+		if err != nil {
+			return nil, err
+		}
+		avail = append(avail, a...)
+		frontier = next
+	}
+	return avail, nil
 }
 
-// MarkWaiting asks for a completion notice of the job and returns its
-// current state.
-func (s *Store) MarkWaiting(ctx context.Context, id uuid.UUID) (string, error) {
-	var state string
-	var woken int64
-	err := s.Pool.QueryRow(ctx, s.graph.markWaiting, Mode, id, s.Channel).Scan(&state, &woken)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", ErrNotFound
+// lockToCancel locks blocked dependents about to be cancelled, FOR UPDATE.
+func (s *Store) lockToCancel(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, skip bool) error {
+	g := &s.graph
+	if !skip {
+		rows, err := tx.Query(ctx, g.lockCancel, Mode, ids)
+		if err != nil {
+			return fmt.Errorf("locking dependents: %w", err)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("locking dependents: %w", err)
+		}
+		return nil
 	}
-	return state, err
+	var locked, blocked int64
+	if err := tx.QueryRow(ctx, g.lockCancelSkip, Mode, ids).Scan(&locked); err != nil {
+		return fmt.Errorf("locking dependents: %w", err)
+	}
+	if err := tx.QueryRow(ctx, g.blockedCount, Mode, ids).Scan(&blocked); err != nil {
+		return fmt.Errorf("locking dependents: %w", err)
+	}
+	if locked < blocked {
+		return errBusy
+	}
+	return nil
+}
+
+// splice hands the live chain predecessors of frontier jobs on to their
+// successors. The predecessors are upstream of rows already held: they are
+// locked with NOWAIT, and a busy one restarts the transaction with it in
+// the plan.
+func (s *Store) splice(ctx context.Context, tx pgx.Tx, frontier []uuid.UUID) error {
+	g := &s.graph
+	rows, err := tx.Query(ctx, g.orderPreds, Mode, frontier)
+	if err != nil {
+		return fmt.Errorf("reading chain predecessors: %w", err)
+	}
+	preds, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return fmt.Errorf("reading chain predecessors: %w", err)
+	}
+	if len(preds) == 0 {
+		return nil
+	}
+	// Try the locks in a savepoint, so a busy predecessor can be told
+	// apart from any other failure.
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	var spliced int64
+	err = sp.QueryRow(ctx, g.splice, Mode, frontier).Scan(&spliced)
+	if err != nil {
+		_ = sp.Rollback(ctx)
+		if pgerr.Busy(err) {
+			return &restartError{rows: preds}
+		}
+		return fmt.Errorf("splicing ordering chains: %w", err)
+	}
+	return sp.Commit(ctx)
+}
+
+// releaseLevel consumes the edges of one level and returns what became
+// available and the next level (jobs it cancelled).
+func (s *Store) releaseLevel(ctx context.Context, tx pgx.Tx, frontier []uuid.UUID) ([]Avail, []uuid.UUID, error) {
+	rows, err := tx.Query(ctx, s.graph.release, Mode, frontier, s.channel)
+	if err != nil {
+		return nil, nil, fmt.Errorf("releasing dependents: %w", err)
+	}
+	var (
+		avail []Avail
+		next  []uuid.UUID
+		id    *uuid.UUID
+		state *string
+		typ   *string
+		tags  []byte
+		runAt *time.Time
+		inMS  *int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &state, &typ, &tags, &runAt, &inMS}, func() error {
+		switch {
+		case id == nil:
+		case *state == "cancelled":
+			next = append(next, *id)
+		default:
+			avail = append(avail, Avail{Type: *typ, Tags: slices.Clone(tags), RunAt: *runAt, In: time.Duration(*inMS) * time.Millisecond})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("releasing dependents: %w", err)
+	}
+	return avail, next, nil
 }

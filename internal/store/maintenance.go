@@ -14,8 +14,26 @@ type CleanResult struct {
 	Runs int // periodic_runs rows
 }
 
+type maintSQL struct {
+	cleanJobs, cleanRuns, stats, lastPlans, claimPlans string
+}
+
+func (s *Store) buildMaintenance() {
+	m := &s.maint
+	m.cleanJobs, m.cleanRuns = s.cleanSQL()
+	runsT := pgx.Identifier{s.schema, "periodic_runs"}.Sanitize()
+	m.stats = `SELECT state, type, '' AS worker, count(*),
+	       COALESCE(max(extract(epoch FROM now() - run_at)) FILTER (WHERE state = 'available' AND run_at <= now()), 0)
+FROM ` + s.jobs + ` GROUP BY state, type
+UNION ALL
+SELECT 'running', '', COALESCE(worker, ''), count(*), 0 FROM ` + s.jobs + ` WHERE state = 'running' GROUP BY worker`
+	m.lastPlans = `SELECT name, max(plan_time) FROM ` + runsT + ` WHERE name = ANY($1::text[]) GROUP BY name`
+	m.claimPlans = `INSERT INTO ` + runsT + ` (name, plan_time, job_id)
+SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::uuid[]) ON CONFLICT DO NOTHING RETURNING job_id`
+}
+
 func (s *Store) cleanSQL() (jobs, runs string) {
-	runsT := pgx.Identifier{s.Schema, "periodic_runs"}.Sanitize()
+	runsT := pgx.Identifier{s.schema, "periodic_runs"}.Sanitize()
 	// Oldest finished jobs first, along the finished-jobs index; rows
 	// someone holds (a Wait or a Job lookup does not lock) are skipped.
 	jobs = `WITH d AS (
@@ -42,14 +60,13 @@ DELETE FROM ` + runsT + ` r USING d WHERE r.name = d.name AND r.plan_time = d.pl
 // and failed or cancelled ones finished more than failed ago, plus up to
 // limit periodic_runs rows older than failed (never a schedule's latest).
 func (s *Store) Clean(ctx context.Context, completed, failed time.Duration, limit int) (CleanResult, error) {
-	jobsSQL, runsSQL := s.cleanSQL()
 	var r CleanResult
-	tag, err := s.Pool.Exec(ctx, jobsSQL, Mode, completed.Milliseconds(), min(completed, failed).Milliseconds(), limit, failed.Milliseconds())
+	tag, err := s.pool.Exec(ctx, s.maint.cleanJobs, Mode, completed.Milliseconds(), min(completed, failed).Milliseconds(), limit, failed.Milliseconds())
 	if err != nil {
 		return r, err
 	}
 	r.Jobs = int(tag.RowsAffected())
-	tag, err = s.Pool.Exec(ctx, runsSQL, Mode, failed.Milliseconds(), limit)
+	tag, err = s.pool.Exec(ctx, s.maint.cleanRuns, Mode, failed.Milliseconds(), limit)
 	if err != nil {
 		return r, err
 	}
@@ -69,12 +86,7 @@ type StatsRow struct {
 // reads every row of the jobs table (an exact count): its cost grows with
 // the rows kept for retention.
 func (s *Store) Stats(ctx context.Context) (rows []StatsRow, oldest time.Duration, err error) {
-	q := `SELECT state, type, '' AS worker, count(*),
-	       COALESCE(max(extract(epoch FROM now() - run_at)) FILTER (WHERE state = 'available' AND run_at <= now()), 0)
-FROM ` + s.jobs + ` GROUP BY state, type
-UNION ALL
-SELECT 'running', '', COALESCE(worker, ''), count(*), 0 FROM ` + s.jobs + ` WHERE state = 'running' GROUP BY worker`
-	r, err := s.Pool.Query(ctx, q, Mode)
+	r, err := s.pool.Query(ctx, s.maint.stats, Mode)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -92,17 +104,9 @@ SELECT 'running', '', COALESCE(worker, ''), count(*), 0 FROM ` + s.jobs + ` WHER
 	return rows, time.Duration(maxAge * float64(time.Second)), r.Err()
 }
 
-// Now returns the database clock.
-func (s *Store) Now(ctx context.Context) (time.Time, error) {
-	var t time.Time
-	err := s.Pool.QueryRow(ctx, `SELECT now()`, Mode).Scan(&t)
-	return t, err
-}
-
 // LastPlans returns the latest recorded plan time of each named schedule.
 func (s *Store) LastPlans(ctx context.Context, names []string) (map[string]time.Time, error) {
-	rows, err := s.Pool.Query(ctx, `SELECT name, max(plan_time) FROM `+pgx.Identifier{s.Schema, "periodic_runs"}.Sanitize()+`
-WHERE name = ANY($1::text[]) GROUP BY name`, Mode, names)
+	rows, err := s.pool.Query(ctx, s.maint.lastPlans, Mode, names)
 	if err != nil {
 		return nil, err
 	}
@@ -123,8 +127,7 @@ WHERE name = ANY($1::text[]) GROUP BY name`, Mode, names)
 // the job IDs of the rows this transaction inserted: the plans nobody had
 // enqueued yet. It also returns the database's now().
 func (s *Store) ClaimPlans(ctx context.Context, tx pgx.Tx, names []string, plans []time.Time, ids []uuid.UUID) ([]uuid.UUID, error) {
-	rows, err := tx.Query(ctx, `INSERT INTO `+pgx.Identifier{s.Schema, "periodic_runs"}.Sanitize()+` (name, plan_time, job_id)
-SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::uuid[]) ON CONFLICT DO NOTHING RETURNING job_id`, Mode, names, plans, ids)
+	rows, err := tx.Query(ctx, s.maint.claimPlans, Mode, names, plans, ids)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"os"
 	"reflect"
 	"testing"
 
@@ -12,12 +13,18 @@ import (
 	"github.com/backlogq/backlog/migrations"
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	// After every test's cleanup (which drops its schema on this pool).
+	testdb.Close()
+	os.Exit(code)
+}
+
 // TestStatementsPrepare parses and plans every statement against a real
 // schema, so a typo in a rarely used path fails here rather than in
 // production.
 func TestStatementsPrepare(t *testing.T) {
 	pool := testdb.Pool(t)
-	defer testdb.Close()
 	schema := testdb.Schema(t)
 	ms, err := migrate.Load(migrations.FS)
 	require.NoError(t, err)
@@ -29,27 +36,26 @@ func TestStatementsPrepare(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Release()
 	n := 0
-	check := func(v reflect.Value, path string) {
+	// Every string field of the statement structs is a statement.
+	var check func(v reflect.Value, path string)
+	check = func(v reflect.Value, path string) {
 		for i := range v.NumField() {
-			f := v.Field(i)
-			if f.Kind() != reflect.String || f.String() == "" || v.Type().Field(i).Name == "Schema" ||
-				v.Type().Field(i).Name == "Channel" || v.Type().Field(i).Name == "jobs" {
-				continue
+			f, name := v.Field(i), path+v.Type().Field(i).Name
+			switch f.Kind() {
+			case reflect.Struct:
+				check(f, name+".")
+			case reflect.String:
+				_, err := conn.Conn().Prepare(context.Background(), "", f.String())
+				require.NoError(t, err, "statement %s:\n%s", name, f.String())
+				n++
 			}
-			name := path + v.Type().Field(i).Name
-			_, err := conn.Conn().Prepare(context.Background(), "", f.String())
-			require.NoError(t, err, "statement %s:\n%s", name, f.String())
-			n++
 		}
 	}
-	check(reflect.ValueOf(*s), "")
+	check(reflect.ValueOf(s.sql), "sql.")
+	check(reflect.ValueOf(s.fin), "fin.")
 	check(reflect.ValueOf(s.graph), "graph.")
-	jobs, runs := s.cleanSQL()
-	for name, q := range map[string]string{"clean jobs": jobs, "clean runs": runs} {
-		_, err := conn.Conn().Prepare(context.Background(), "", q)
-		require.NoError(t, err, "statement %s:\n%s", name, q)
-	}
-	require.Greater(t, n, 20)
+	check(reflect.ValueOf(s.maint), "maint.")
+	require.Greater(t, n, 40)
 }
 
 // TestClaimPlanStaysOnTheIndexes guards against the cached-plan trap: plans
@@ -58,7 +64,6 @@ func TestStatementsPrepare(t *testing.T) {
 func TestClaimPlanStaysOnTheIndexes(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	defer testdb.Close()
 	schema := testdb.Schema(t)
 	ms, err := migrate.Load(migrations.FS)
 	require.NoError(t, err)
@@ -73,7 +78,7 @@ func TestClaimPlanStaysOnTheIndexes(t *testing.T) {
 	_, err = pool.Exec(ctx, `ANALYZE "`+schema+`".jobs`)
 	require.NoError(t, err)
 	claim := func(types []string, k int) {
-		rows, err := conn.Query(ctx, s.claimSQL, Mode, types, `{}`, k, 30000, "w")
+		rows, err := conn.Query(ctx, s.sql.claim, Mode, types, `{}`, k, 30000, "w")
 		require.NoError(t, err)
 		rows.Close()
 		require.NoError(t, rows.Err())
@@ -90,7 +95,7 @@ func TestClaimPlanStaysOnTheIndexes(t *testing.T) {
 	for _, types := range [][]string{{"a"}, {"a", "b"}} {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
-		rows, err := tx.Query(ctx, s.claimSQL, Mode, types, `{}`, 3, 30000, "w")
+		rows, err := tx.Query(ctx, s.sql.claim, Mode, types, `{}`, 3, 30000, "w")
 		require.NoError(t, err)
 		n := 0
 		for rows.Next() {

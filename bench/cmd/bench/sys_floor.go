@@ -58,13 +58,13 @@ func (s *floorSys) Start(_ context.Context, _ workSpec) error {
 				for _, j := range jobs {
 					fs = append(fs, store.Finish{ID: j.ID, Token: j.Token, State: "completed"})
 				}
-				// The call backlog's completer makes (no dependents here).
-				ok, err := st.Finish(ctx, st.Pool, fs, nil, false)
+				// The call backlog's completer makes.
+				res, err := st.Finish(ctx, fs, false)
 				switch {
 				case err != nil:
 					s.fail(ctx, fmt.Errorf("floor finish: %w", err))
-				case len(ok) != len(fs):
-					s.fail(ctx, fmt.Errorf("floor finish wrote %d of %d jobs", len(ok), len(fs)))
+				case len(res.State) != len(fs):
+					s.fail(ctx, fmt.Errorf("floor finish wrote %d of %d jobs", len(res.State), len(fs)))
 				}
 			}
 		})

@@ -1,0 +1,58 @@
+package backlog
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/backlogq/backlog/internal/store"
+)
+
+// claimer is the acquirer's access to the database: it runs the claim
+// statement, gives every claimed job its lease handle before anyone sees
+// it, and gives back jobs that no worker took. It holds back claims while
+// the completer holds as many outcomes as it may.
+type claimer struct {
+	store  *store.Store
+	leases *leases
+	comp   *completer
+	lease  time.Duration
+	worker string
+}
+
+// claim takes up to k due jobs of the domain under fresh leases. A claim
+// that takes longer than a lease is abandoned: its jobs would be expired by
+// the time it returned.
+func (c *claimer) claim(ctx context.Context, d *domainSpec, k int) (claimResult, error) {
+	if err := c.comp.admit(ctx); err != nil {
+		return claimResult{}, err
+	}
+	sentAt := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, c.lease)
+	defer cancel()
+	res, err := c.store.Claim(ctx, d.types, d.tagsJ, k, c.lease, c.worker)
+	if err != nil {
+		return claimResult{}, fmt.Errorf("claiming jobs: %w", err)
+	}
+	jobs := make([]*Job, len(res.Jobs))
+	for i, r := range res.Jobs {
+		jobs[i] = &Job{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, Attempt: r.Attempt,
+			MaxAttempts: r.MaxAttempts, Priority: r.Priority, Timeout: r.Timeout, CreatedAt: r.CreatedAt,
+			RunAt: r.RunAt, token: r.Token, waited: r.Waited}
+	}
+	c.leases.add(jobs, sentAt)
+	return claimResult{jobs: jobs, next: res.Next, skipped: res.Skipped}, nil
+}
+
+// release gives jobs back at once, keeping their place (run_at), without
+// spending the attempt.
+func (c *claimer) release(jobs []*Job) {
+	for _, j := range jobs {
+		c.comp.submit(&finishReq{f: releaseOf(j), job: j})
+	}
+}
+
+// releaseOf is the write that gives a claimed job back.
+func releaseOf(j *Job) store.Finish {
+	return store.Finish{ID: j.ID, Token: j.token, State: string(StateAvailable), AttemptDelta: -1, Delay: -1}
+}

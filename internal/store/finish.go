@@ -1,0 +1,296 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Lock timeouts of the transactions that finish jobs. The fast lane takes
+// every row lock with SKIP LOCKED or NOWAIT, so its timeout is only a
+// backstop: a write that would wait longer is split off and retried on its
+// own in the slow lane, where waiting delays nobody else.
+const (
+	FastLockTimeout = 200 * time.Millisecond
+	SlowLockTimeout = 2 * time.Second
+)
+
+type finishSQL struct {
+	skip, wait, ended, held, extend, sweep, sweepIDs, expired, failExpired string
+}
+
+// Finish is one fenced terminal or retry write.
+type Finish struct {
+	ID           uuid.UUID
+	Token        uuid.UUID
+	State        string        // completed, failed, cancelled or available
+	Delay        time.Duration // for available: run again at now() + Delay; < 0 keeps run_at (a release)
+	AttemptDelta int           // -1 gives the attempt back (snooze, release)
+	Result       json.RawMessage
+	Err          *string // appended to the error history when set
+}
+
+// FinishStatus is what became of one Finish.
+type FinishStatus uint8
+
+// The statuses of a Finish.
+const (
+	Written FinishStatus = iota + 1 // the outcome is recorded
+	Refused                         // the lease is gone: the row no longer matches id, token and state running
+	Busy                            // another transaction held the row: write it again on its own, waiting
+)
+
+// FinishResult is what one Finish call did.
+type FinishResult struct {
+	Status map[uuid.UUID]FinishStatus
+	State  map[uuid.UUID]string // the state written, for Written rows
+	Avail  []Avail              // dependents the finishes made available
+}
+
+func (s *Store) buildFinish() {
+	f := &s.fin
+	// The finish: fenced by id, lease token and state; a cancel request
+	// turns a retry into cancelled; completion clears the current error
+	// (the history keeps it). Rows are locked FOR UPDATE, the lock every
+	// move to a terminal state takes (see graph.go), in ID order.
+	stmt := func(lock string) string {
+		return `WITH f AS (
+	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[])
+	       AS t(id, token, state, delay_ms, attempt_delta, result, err)
+), l AS (
+	SELECT j.id FROM ` + s.jobs + ` j JOIN f ON j.id = f.id
+	WHERE j.lease_token = f.token AND j.state = 'running'
+	ORDER BY j.id FOR UPDATE OF j ` + lock + `
+), done AS (
+	UPDATE ` + s.jobs + ` j SET
+		state = CASE WHEN j.cancel_requested AND f.state = 'available' THEN 'cancelled' ELSE f.state END,
+		run_at = CASE WHEN f.state = 'available' AND f.delay_ms >= 0 THEN now() + f.delay_ms * interval '1 millisecond' ELSE j.run_at END,
+		attempt = j.attempt + f.attempt_delta,
+		result = f.result,
+		last_error = CASE WHEN f.state = 'completed' THEN NULL
+		                  WHEN j.cancel_requested AND f.state = 'available' THEN COALESCE(f.err, 'cancelled')
+		                  ELSE COALESCE(f.err, j.last_error) END,
+		errors = CASE WHEN f.err IS NULL THEN j.errors ELSE ` + errorsAppend("j.attempt", "f.err") + ` END,
+		lease_token = NULL, lease_expires_at = NULL,
+		finished_at = CASE WHEN f.state IN ('completed', 'failed', 'cancelled') OR j.cancel_requested THEN now() END
+	FROM f, l WHERE j.id = f.id AND j.id = l.id
+	RETURNING j.id, j.state, j.notify_done
+)
+SELECT d.id, d.state FROM done d
+UNION ALL
+SELECT NULL::uuid, NULL::text FROM (
+	SELECT pg_notify($8, json_build_object('done', d.id)::text) FROM done d WHERE d.notify_done AND d.state IN ('completed', 'failed', 'cancelled')) w`
+	}
+	f.skip = stmt("SKIP LOCKED")
+	f.wait = stmt("")
+	// Run after the finish, on a newer snapshot: the batch members that
+	// ended and have dependents. An edge committed after the finish's
+	// snapshot is seen here (its transaction held KEY SHARE on the row, so
+	// it committed before the finish could lock it).
+	f.ended = `SELECT DISTINCT e.prereq FROM ` + s.edges + ` e JOIN ` + s.jobs + ` p ON p.id = e.prereq
+WHERE e.prereq = ANY($1::uuid[]) AND p.state IN ('completed', 'failed', 'cancelled')`
+	// Which of the leases not written are still held (the row was busy).
+	f.held = `SELECT j.id FROM ` + s.jobs + ` j JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, token) ON j.id = t.id
+WHERE j.lease_token = t.token AND j.state = 'running'`
+
+	// Lease renewal skips rows another transaction holds (being finished,
+	// typically): it never waits, so it cannot deadlock with a finish or be
+	// held up by one, and it reports those rows as busy rather than lost.
+	f.extend = `WITH t AS (
+	SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS t(id, token)
+), l AS (
+	SELECT j.id FROM ` + s.jobs + ` j JOIN t ON j.id = t.id
+	WHERE j.lease_token = t.token AND j.state = 'running'
+	ORDER BY j.id FOR NO KEY UPDATE OF j SKIP LOCKED
+), u AS (
+	UPDATE ` + s.jobs + ` j SET lease_expires_at = now() + $3 * interval '1 millisecond'
+	FROM l WHERE j.id = l.id
+	RETURNING j.id, j.cancel_requested
+)
+SELECT u.id, u.cancel_requested, true FROM u
+UNION ALL
+SELECT j.id, false, false FROM ` + s.jobs + ` j JOIN t ON j.id = t.id
+WHERE j.lease_token = t.token AND j.state = 'running' AND j.id NOT IN (SELECT id FROM u)`
+
+	// The expired-lease sweep: back to available keeping run_at (ahead of
+	// jobs due later), failed once attempts are used up, cancelled when a
+	// cancel was requested.
+	sweep := func(filter string) string {
+		msg := `'lease expired: worker ' || COALESCE(j.worker, '?') || ' stopped renewing it'`
+		return `WITH expired AS (
+	SELECT id FROM ` + s.jobs + ` WHERE state = 'running' AND lease_expires_at < now() ` + filter + `
+	ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
+), swept AS (
+	UPDATE ` + s.jobs + ` j SET
+		state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'available' END,
+		last_error = ` + msg + `,
+		errors = ` + errorsAppend("j.attempt", msg) + `,
+		lease_token = NULL, lease_expires_at = NULL, worker = NULL,
+		finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END
+	FROM expired WHERE j.id = expired.id
+	RETURNING j.id, j.state, j.type, j.tags, j.run_at, j.notify_done
+)
+SELECT s.id, s.state, s.type, s.tags, s.run_at, greatest(0, ceil(extract(epoch FROM s.run_at - now()) * 1000))::bigint FROM swept s
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_object('done', id)::text)
+	FROM swept WHERE notify_done AND state <> 'available') w`
+	}
+	f.sweep = sweep("")
+	f.sweepIDs = sweep("AND id = ANY($3::uuid[])")
+	f.expired = `SELECT id FROM ` + s.jobs + ` WHERE state = 'running' AND lease_expires_at < now() ORDER BY id LIMIT $1`
+	// A row the sweep could not write: failed, with the reason, carrying
+	// none of its data.
+	f.failExpired = `WITH x AS (
+	SELECT id FROM ` + s.jobs + ` WHERE id = $1 AND state = 'running' AND lease_expires_at < now() FOR UPDATE
+), u AS (
+	UPDATE ` + s.jobs + ` j SET state = 'failed', last_error = $2, errors = ` + errorsAppend("j.attempt", "$2::text") + `,
+		lease_token = NULL, lease_expires_at = NULL, worker = NULL, finished_at = now()
+	FROM x WHERE j.id = x.id RETURNING j.id, j.notify_done
+)
+SELECT count(*), count(pg_notify($3, json_build_object('done', id)::text)) FILTER (WHERE notify_done) FROM u`
+}
+
+// Finish writes outcomes in one transaction. Statement one writes every
+// row it can lock at once (all of them when wait is set, waiting up to
+// SlowLockTimeout); statement two, on a newer snapshot, finds which rows
+// that ended have dependents, and those are released in the same
+// transaction. Each write is fenced by id, lease token and state running.
+//
+// A row held by another transaction is Busy (only without wait): finish it
+// again alone with wait. An error of the whole call may come from any row:
+// the caller splits the batch to find it (internal/isolate).
+func (s *Store) Finish(ctx context.Context, fs []Finish, wait bool) (FinishResult, error) {
+	// In ID order, like every other writer that locks several rows.
+	fs = append([]Finish(nil), fs...)
+	sort.Slice(fs, func(i, j int) bool { return bytes.Compare(fs[i].ID[:], fs[j].ID[:]) < 0 })
+	n := len(fs)
+	ids := make([]uuid.UUID, n)
+	tokens := make([]uuid.UUID, n)
+	states := make([]string, n)
+	delays := make([]int64, n)
+	deltas := make([]int32, n)
+	results := make([]json.RawMessage, n)
+	errs := make([]*string, n)
+	for i, f := range fs {
+		ids[i], tokens[i], states[i] = f.ID, f.Token, f.State
+		delays[i], deltas[i] = f.Delay.Milliseconds(), int32(f.AttemptDelta)
+		if f.Delay < 0 {
+			delays[i] = -1 // keep run_at
+		}
+		results[i], errs[i] = f.Result, f.Err
+	}
+	stmt, timeout := s.fin.skip, FastLockTimeout
+	if wait {
+		stmt, timeout = s.fin.wait, SlowLockTimeout
+	}
+	var res FinishResult
+	err := s.runGraphTx(ctx, timeout, func(tx pgx.Tx, plan *lockPlan) error {
+		res = FinishResult{Status: make(map[uuid.UUID]FinishStatus, n), State: make(map[uuid.UUID]string, n)}
+		rows, err := tx.Query(ctx, stmt, Mode, ids16(ids), ids16(tokens), states, delays, deltas, results, errs, s.channel)
+		if err != nil {
+			return err
+		}
+		var id *[16]byte
+		var state *string
+		if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error {
+			if id != nil {
+				res.Status[*id], res.State[*id] = Written, *state
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		// A newer snapshot: see the comment on finishSQL.ended.
+		rows, err = tx.Query(ctx, s.fin.ended, Mode, ids16(ids))
+		if err != nil {
+			return err
+		}
+		frontier, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			return err
+		}
+		if len(frontier) > 0 {
+			if res.Avail, err = s.release(ctx, tx, frontier, plan, !wait); err != nil {
+				return err
+			}
+		}
+		if len(res.Status) < n {
+			return s.classifyUnwritten(ctx, tx, fs, &res, wait)
+		}
+		return nil
+	})
+	if err != nil {
+		return FinishResult{}, err
+	}
+	return res, nil
+}
+
+// classifyUnwritten tells, for rows a Finish did not write, whether their
+// lease is gone or their row was busy.
+func (s *Store) classifyUnwritten(ctx context.Context, tx pgx.Tx, fs []Finish, res *FinishResult, wait bool) error {
+	var ids, tokens []uuid.UUID
+	for _, f := range fs {
+		if _, ok := res.Status[f.ID]; !ok {
+			ids, tokens = append(ids, f.ID), append(tokens, f.Token)
+		}
+	}
+	rows, err := tx.Query(ctx, s.fin.held, Mode, ids16(ids), ids16(tokens))
+	if err != nil {
+		return err
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		res.Status[id] = Refused
+	}
+	for _, id := range held {
+		if wait {
+			// Locked and written in one statement: a row still held
+			// under our token cannot have been skipped.
+			return fmt.Errorf("finish of job %s neither written nor refused", id)
+		}
+		res.Status[id] = Busy
+	}
+	return nil
+}
+
+// errBusy is what a fast-lane transaction returns when a row it must wait
+// for is held by another transaction: the same SQLSTATE as a lock timeout,
+// so callers treat both alike (pgerr.Busy).
+var errBusy = &pgconn.PgError{Code: "55P03", Message: "a row the write needs is locked by another transaction"}
+
+// Extended reports one lease a heartbeat found still held.
+type Extended struct {
+	ID              uuid.UUID
+	CancelRequested bool
+	// Renewed is false when the row was locked by another transaction
+	// (being finished, typically): still held, but not renewed this time.
+	Renewed bool
+}
+
+// Extend renews the leases given by ids and tokens to now() + lease, fenced
+// like Finish. It returns the leases still held; the others are lost.
+func (s *Store) Extend(ctx context.Context, ids, tokens []uuid.UUID, lease time.Duration) ([]Extended, error) {
+	rows, err := s.pool.Query(ctx, s.fin.extend, Mode, ids16(ids), ids16(tokens), lease.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	var out []Extended
+	var id [16]byte
+	var e Extended
+	_, err = pgx.ForEachRow(rows, []any{&id, &e.CancelRequested, &e.Renewed}, func() error {
+		e.ID = id
+		out = append(out, e)
+		return nil
+	})
+	return out, err
+}
