@@ -62,6 +62,7 @@ type completer struct {
 	slowN    int // slow-lane writers running
 	slowWake chan struct{}
 	stopping bool
+	stopAt   time.Time
 	slowWG   sync.WaitGroup
 }
 
@@ -125,7 +126,7 @@ func (c *completer) loop(ctx context.Context) {
 			c.flush(wctx)
 		case <-ctx.Done():
 			c.mu.Lock()
-			c.stopping = true
+			c.stopping, c.stopAt = true, time.Now()
 			c.mu.Unlock()
 			c.flush(wctx)
 			c.kickSlow()
@@ -247,18 +248,21 @@ func (c *completer) settle(r *finishReq, written bool) {
 }
 
 // dropStale returns rs, less (when the Queue is closing) the outcomes whose
-// leases have passed their local deadline, which are dropped.
+// leases have passed their local deadline, or that could not be written
+// within a lease of the stop, which are dropped: their jobs run again once
+// their leases have expired.
 func (c *completer) dropStale(rs []*finishReq) []*finishReq {
 	c.mu.Lock()
-	stopping := c.stopping
+	stopping, stopAt := c.stopping, c.stopAt
 	c.mu.Unlock()
 	if !stopping {
 		return rs
 	}
 	now := time.Now()
+	late := now.Sub(stopAt) > c.leases.duration
 	keep := rs[:0:0]
 	for _, r := range rs {
-		if r.job != nil && r.job.lease != nil && c.leases.stale(r.job.lease, now) {
+		if late || r.job != nil && r.job.lease != nil && c.leases.stale(r.job.lease, now) {
 			c.log.Error("backlog: closing: dropping an outcome that could not be written before its lease expired; the job will run again",
 				"job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
 			c.settle(r, false)

@@ -1,6 +1,32 @@
 package backlog
 
-import "time"
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/backlogq/backlog/internal/store"
+)
 
 // WithClock replaces the Queue's wall clock (tests skew it).
 func WithClock(f func() time.Time) Option { return queueOption(func(c *config) { c.clock = f }) }
+
+// FinishForTest writes one finish through the store, past every check the
+// client makes first: the database's fence alone decides.
+func FinishForTest(ctx context.Context, q *Queue, id, token uuid.UUID, state string) error {
+	_, err := q.store.Finish(ctx, []store.Finish{{ID: id, Token: token, State: state}}, true)
+	return err
+}
+
+// ExtendForTest renews one lease through the store and reports whether the
+// database renewed it.
+func ExtendForTest(ctx context.Context, q *Queue, id, token uuid.UUID) (bool, error) {
+	ext, err := q.store.Extend(ctx, []uuid.UUID{id}, []uuid.UUID{token}, time.Minute)
+	for _, e := range ext {
+		if e.ID == id && e.Renewed {
+			return true, err
+		}
+	}
+	return false, err
+}

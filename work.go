@@ -25,11 +25,13 @@ const maxErrorBytes = 8 << 10
 // within the grace period, then cancels their contexts (cause ErrShutdown).
 // Jobs whose handlers gave up that way are released: available again at
 // once, without spending the attempt; so are jobs a claim in flight handed
-// to this call as it stopped. Work returns after every goroutine it started
-// has exited and every outcome of its jobs has been written (or, if the
-// database stays unreachable, has outlived its lease: the job then runs
-// again elsewhere): nil after ctx was cancelled, ErrClosed after Close, or
-// an *InputError for bad options.
+// to this call as it stopped. Work returns after every handler it started
+// has returned and every outcome of its jobs has been written: nil after
+// ctx was cancelled, ErrClosed after Close, or an *InputError for bad
+// options. An outcome that cannot be written within the grace period (at
+// least a second) after the handlers ended, because the database is
+// unreachable or a transaction of yours holds the job's row, is left to the
+// Queue, which keeps writing it until Close.
 func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	if h == nil {
 		return invalid("handler", "must not be nil")
@@ -117,8 +119,28 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 		<-allDone
 	}
 	grace.Stop()
-	w.finishes.Wait()
+	w.awaitOutcomes(cfg.grace, spec)
 	return result
+}
+
+// awaitOutcomes waits until every outcome of the call's jobs is written,
+// or for at most wait: outcomes still held then (their rows held by a
+// transaction of yours, or the database unreachable) stay with the Queue,
+// which keeps writing them until Close.
+func (w *worker) awaitOutcomes(wait time.Duration, spec *domainSpec) {
+	done := make(chan struct{})
+	go func() { // exits once the outcomes are written; the Queue writes them until Close
+		w.finishes.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(max(wait, time.Second))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		w.q.log.Warn("backlog: Work returns with outcomes still being written; the Queue keeps writing them until Close",
+			"types", spec.types)
+	}
 }
 
 // worker runs the jobs of one Work call.

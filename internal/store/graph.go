@@ -63,7 +63,7 @@ type graphSQL struct {
 	lockKeys, tryKeys, tails, lockPrereqs, insert, insertUnique, edges, liveHolders string
 	level, lockCancel, lockCancelSkip, blockedCount, splice, release                string
 	read, lockOne, cancelQueued, requestCancel, markWaiting, orderPreds, lockShare  string
-	chainPreds                                                                      string
+	chainPreds, dependents, failDependent                                           string
 }
 
 const live = `('blocked', 'available', 'running')`
@@ -142,6 +142,7 @@ SELECT count(*) FROM upd`
 	g.release = `WITH e AS (
 	DELETE FROM ` + s.edges + ` x USING ` + s.jobs + ` p
 	WHERE x.prereq = p.id AND p.id = ANY($1::uuid[]) AND p.state IN ('completed', 'failed', 'cancelled')
+	  AND ($3::uuid[] IS NULL OR x.job = ANY($3::uuid[]))
 	RETURNING x.job, x.kind, x.prereq, p.state AS pstate
 ), agg AS (
 	SELECT job, count(*)::int AS n,
@@ -162,6 +163,17 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_object('done', u.id)::text) FROM upd u
 	WHERE u.notify_done AND u.state = 'cancelled') w`
 
+	g.dependents = `SELECT DISTINCT job FROM ` + s.edges + ` WHERE prereq = ANY($1::uuid[]) ORDER BY 1`
+	// A dependent that could not be released: failed, with the reason; its
+	// edges from the level are consumed. Its own dependents follow it as
+	// the next level.
+	g.failDependent = `WITH d AS (
+	DELETE FROM ` + s.edges + ` WHERE prereq = ANY($1::uuid[]) AND job = $2
+), u AS (
+	UPDATE ` + s.jobs + ` SET state = 'failed', last_error = $3, finished_at = now(), blocked_by = 0
+	WHERE id = $2 AND state = 'blocked' RETURNING id, notify_done
+)
+SELECT count(*), count(pg_notify($4, json_build_object('done', id)::text)) FILTER (WHERE notify_done) FROM u`
 	g.read = `SELECT state, COALESCE(ordering_key, '') FROM ` + s.jobs + ` WHERE id = $1`
 	g.lockOne = `SELECT state FROM ` + s.jobs + ` WHERE id = $1 FOR UPDATE`
 	g.cancelQueued = `WITH c AS (
@@ -395,10 +407,63 @@ func (s *Store) splice(ctx context.Context, tx pgx.Tx, frontier []uuid.UUID) err
 }
 
 // releaseLevel consumes the edges of one level and returns what became
-// available and the next level (jobs it cancelled).
+// available and the next level (jobs it cancelled or failed). When the
+// level's one statement fails for a reason tied to one dependent (a value
+// or trigger of its own), the dependents are released one at a time, each
+// in a savepoint, and one that still fails is failed with the reason: the
+// prerequisite's finish and its other dependents go through.
 func (s *Store) releaseLevel(ctx context.Context, tx pgx.Tx, frontier []uuid.UUID) ([]Avail, []uuid.UUID, error) {
-	rows, err := tx.Query(ctx, s.graph.release, Mode, frontier, s.channel)
+	avail, next, err := s.releaseIn(ctx, tx, frontier, nil)
+	if err == nil || !isolatable(err) {
+		return avail, next, err
+	}
+	rows, qerr := tx.Query(ctx, s.graph.dependents, Mode, frontier)
+	if qerr != nil {
+		return nil, nil, fmt.Errorf("%w; listing dependents: %w", err, qerr)
+	}
+	deps, qerr := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if qerr != nil {
+		return nil, nil, fmt.Errorf("%w; listing dependents: %w", err, qerr)
+	}
+	avail, next = nil, nil
+	for _, d := range deps {
+		a, n, derr := s.releaseIn(ctx, tx, frontier, []uuid.UUID{d})
+		if derr == nil {
+			avail, next = append(avail, a...), append(next, n...)
+			continue
+		}
+		if !isolatable(derr) {
+			return nil, nil, derr
+		}
+		var failed, notified int64
+		reason := fmt.Sprintf("releasing the job after its prerequisites ended failed, so it fails instead: %v", derr)
+		if ferr := tx.QueryRow(ctx, s.graph.failDependent, Mode, frontier, d, reason, s.channel).Scan(&failed, &notified); ferr != nil {
+			return nil, nil, fmt.Errorf("%w; recording that failure also failed: %w", derr, ferr)
+		}
+		if failed > 0 {
+			next = append(next, d)
+		}
+	}
+	return avail, next, nil
+}
+
+// isolatable reports whether err may be tied to one row: not a restart, a
+// busy row, or a transient failure of the connection or server.
+func isolatable(err error) bool {
+	var rs *restartError
+	return !errors.As(err, &rs) && !pgerr.Busy(err) && !pgerr.Transient(err) && !errors.Is(err, context.Canceled)
+}
+
+// releaseIn runs one release statement in a savepoint (for the dependents
+// in only, when given).
+func (s *Store) releaseIn(ctx context.Context, tx pgx.Tx, frontier, only []uuid.UUID) ([]Avail, []uuid.UUID, error) {
+	sp, err := tx.Begin(ctx)
 	if err != nil {
+		return nil, nil, err
+	}
+	rows, err := sp.Query(ctx, s.graph.release, Mode, frontier, s.channel, only)
+	if err != nil {
+		_ = sp.Rollback(ctx)
 		return nil, nil, fmt.Errorf("releasing dependents: %w", err)
 	}
 	var (
@@ -422,7 +487,8 @@ func (s *Store) releaseLevel(ctx context.Context, tx pgx.Tx, frontier []uuid.UUI
 		return nil
 	})
 	if err != nil {
+		_ = sp.Rollback(ctx)
 		return nil, nil, fmt.Errorf("releasing dependents: %w", err)
 	}
-	return avail, next, nil
+	return avail, next, sp.Commit(ctx)
 }
