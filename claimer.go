@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/backlogq/backlog/internal/store"
+	"github.com/google/uuid"
 )
 
 // claimer is the acquirer's access to the database: it runs the claim
@@ -34,13 +35,18 @@ func (c *claimer) claim(ctx context.Context, d *domainSpec, k int) (claimResult,
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claiming jobs: %w", err)
 	}
+	ids := make([]uuid.UUID, len(res.Jobs))
+	tokens := make([]uuid.UUID, len(res.Jobs))
+	for i, r := range res.Jobs {
+		ids[i], tokens[i] = r.ID, r.Token
+	}
+	held := c.leases.add(ids, tokens, sentAt)
 	jobs := make([]*Job, len(res.Jobs))
 	for i, r := range res.Jobs {
 		jobs[i] = &Job{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, Attempt: r.Attempt,
 			MaxAttempts: r.MaxAttempts, Priority: r.Priority, Timeout: r.Timeout, CreatedAt: r.CreatedAt,
-			RunAt: r.RunAt, token: r.Token, waited: r.Waited}
+			RunAt: r.RunAt, token: r.Token, lease: held[i], waited: r.Waited}
 	}
-	c.leases.add(jobs, sentAt)
 	return claimResult{jobs: jobs, next: res.Next, skipped: res.Skipped}, nil
 }
 
@@ -50,9 +56,4 @@ func (c *claimer) release(jobs []*Job) {
 	for _, j := range jobs {
 		c.comp.submit(&finishReq{f: releaseOf(j), job: j})
 	}
-}
-
-// releaseOf is the write that gives a claimed job back.
-func releaseOf(j *Job) store.Finish {
-	return store.Finish{ID: j.ID, Token: j.token, State: string(StateAvailable), AttemptDelta: -1, Delay: -1}
 }

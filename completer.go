@@ -358,3 +358,8 @@ func (c *completer) writeSlow(ctx context.Context, r *finishReq) {
 	c.slow = append(c.slow, r)
 	c.mu.Unlock()
 }
+
+// releaseOf is the write that gives a claimed job back.
+func releaseOf(j *Job) store.Finish {
+	return store.Finish{ID: j.ID, Token: j.token, State: string(StateAvailable), AttemptDelta: -1, Delay: -1}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -47,7 +46,8 @@ func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (State, error) {
 }
 
 // Wait blocks until the job reaches a terminal state and returns its
-// record, or returns ctx's error. It is woken by a notification when the job
+// record, or returns ctx's error. A nil error means the wait succeeded, not
+// the job: info.Err() tells whether it completed. It is woken by a notification when the job
 // finishes, and polls as a backup (every second, or the backup poll interval
 // if shorter).
 func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
@@ -97,51 +97,5 @@ func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 			return nil, err
 		}
 		state = string(info.State)
-	}
-}
-
-// waiters maps job IDs to the Wait calls of this process.
-type waiters struct {
-	mu sync.Mutex
-	m  map[uuid.UUID][]chan struct{}
-}
-
-func (w *waiters) add(id uuid.UUID) chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.m == nil {
-		w.m = map[uuid.UUID][]chan struct{}{}
-	}
-	ch := make(chan struct{}, 1)
-	w.m[id] = append(w.m[id], ch)
-	return ch
-}
-
-func (w *waiters) remove(id uuid.UUID, ch chan struct{}) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	list := w.m[id]
-	for i, c := range list {
-		if c == ch {
-			list = append(list[:i:i], list[i+1:]...)
-			break
-		}
-	}
-	if len(list) == 0 {
-		delete(w.m, id)
-	} else {
-		w.m[id] = list
-	}
-}
-
-// wake signals every Wait call for id (never blocks).
-func (w *waiters) wake(id uuid.UUID) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, ch := range w.m[id] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
 	}
 }

@@ -12,20 +12,6 @@ import (
 	"github.com/backlogq/backlog/internal/store"
 )
 
-// JobSpec describes one job for EnqueueMany.
-type JobSpec struct {
-	// ID is the job's ID. Leave it zero to have one generated; set it (with
-	// NewID) when other jobs of the same batch must refer to this one.
-	ID uuid.UUID
-	// Type selects the handler. Required.
-	Type string
-	// Args are marshalled to JSON; json.RawMessage and []byte are taken as
-	// JSON text and validated.
-	Args any
-	// Options are the job's enqueue options (Tags, Priority, …).
-	Options []EnqueueOption
-}
-
 // Enqueue inserts one job and returns its ID. The job is visible to workers
 // as soon as Enqueue returns.
 func (q *Queue) Enqueue(ctx context.Context, typ string, args any, opts ...EnqueueOption) (uuid.UUID, error) {

@@ -74,7 +74,10 @@ func (e *env) queue(pool *pgxpool.Pool, opts ...backlog.Option) *backlog.Queue {
 }
 
 // work runs q.Work in the background until the returned stop (or cleanup).
-var work = worktest.Run
+func work(t testing.TB, q *backlog.Queue, h backlog.Handler, opts ...backlog.WorkOption) (stop func() error) {
+	t.Helper()
+	return worktest.Run(t, func(ctx context.Context) error { return q.Work(ctx, h, opts...) })
+}
 
 // waitJob polls the job until cond holds or the deadline passes.
 func (e *env) waitJob(id uuid.UUID, within time.Duration, cond func(*backlog.JobInfo) bool) *backlog.JobInfo {

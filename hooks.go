@@ -21,9 +21,6 @@ type Hooks struct {
 	Finished func(ctx context.Context, job *Job, ev JobEvent)
 }
 
-// WithHooks installs metrics and tracing callbacks. Defaults to none.
-func WithHooks(h Hooks) Option { return queueOption(func(c *config) { c.hooks = h }) }
-
 // EnqueueEvent describes one enqueue call.
 type EnqueueEvent struct {
 	Type       string // the job type, or "" when a batch mixes types

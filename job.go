@@ -48,7 +48,7 @@ type Job struct {
 	RunAt       time.Time // when the job was due
 
 	token  uuid.UUID
-	lease  *lease
+	lease  *heldLease
 	waited time.Duration // run_at → claim, database clock
 	mu     sync.Mutex
 	res    json.RawMessage
@@ -106,6 +106,35 @@ type JobInfo struct {
 	RunAt       time.Time
 	StartedAt   *time.Time // start of the latest attempt
 	FinishedAt  *time.Time // when it reached a terminal state
+}
+
+// Err is nil when the job completed. Otherwise it says why not: for a
+// failed job an error matching ErrJobFailed with its last error, for a
+// cancelled one an error matching ErrCancelled, and for a job that has not
+// finished yet one matching ErrNotFinished.
+func (i *JobInfo) Err() error {
+	switch i.State {
+	case StateCompleted:
+		return nil
+	case StateFailed:
+		return fmt.Errorf("job %s (%s) failed after %d attempt(s): %w: %s", i.ID, i.Type, i.Attempt, ErrJobFailed, i.LastError)
+	case StateCancelled:
+		return fmt.Errorf("job %s (%s): %w: %s", i.ID, i.Type, ErrCancelled, i.LastError)
+	default:
+		return fmt.Errorf("job %s (%s) is %s: %w", i.ID, i.Type, i.State, ErrNotFinished)
+	}
+}
+
+// DecodeResult decodes the job's JSON result (Job.SetResult) into v. It
+// fails when the job has no result.
+func (i *JobInfo) DecodeResult(v any) error {
+	if len(i.Result) == 0 || string(i.Result) == "null" && i.State != StateCompleted {
+		return fmt.Errorf("job %s (%s, %s) has no result", i.ID, i.Type, i.State)
+	}
+	if err := json.Unmarshal(i.Result, v); err != nil {
+		return fmt.Errorf("decoding the result of job %s into %T: %w", i.ID, v, err)
+	}
+	return nil
 }
 
 // String is a one-line summary for logs.

@@ -21,10 +21,10 @@ import (
 // the sweep may hand the job to another worker under a new token, after
 // which every write of the old holder changes nothing.
 //
-// The claimer gives each claimed Job its *lease; the worker and the
+// The claimer gives each claimed Job its *heldLease handle; the worker and the
 // completer use that handle, never a lookup. leases is the registry of the
 // handles this Queue holds, which one heartbeat service renews.
-type lease struct {
+type heldLease struct {
 	id, token uuid.UUID
 	// deadline is the local (monotonic) time until which the lease is
 	// certainly ours: the send time of the last successful claim or
@@ -50,36 +50,38 @@ type leases struct {
 	run      runner
 
 	mu   sync.Mutex
-	held map[uuid.UUID]*lease
+	held map[uuid.UUID]*heldLease
 }
 
 func newLeases(st *store.Store, log *slog.Logger, d time.Duration) *leases {
-	return &leases{store: st, log: log, duration: d, margin: d / 5, held: map[uuid.UUID]*lease{}}
+	return &leases{store: st, log: log, duration: d, margin: d / 5, held: map[uuid.UUID]*heldLease{}}
 }
 
 func (l *leases) start() { l.run.start(l.loop) }
 func (l *leases) stop()  { l.run.stop() }
 
-// add registers freshly claimed jobs and gives each its lease handle;
-// sentAt is when the claim was sent. A job this process still holds under
-// an older token (it re-claimed the job after a stall longer than the
-// lease) loses that older lease: its handler is cancelled.
-func (l *leases) add(jobs []*Job, sentAt time.Time) {
+// add registers the leases of freshly claimed jobs and returns their
+// handles; sentAt is when the claim was sent. A job this process still
+// holds under an older token (it re-claimed the job after a stall longer
+// than the lease) loses that older lease: its handler is cancelled.
+func (l *leases) add(ids, tokens []uuid.UUID, sentAt time.Time) []*heldLease {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, j := range jobs {
-		if old := l.held[j.ID]; old != nil && old.token != j.token {
+	out := make([]*heldLease, len(ids))
+	for i, id := range ids {
+		if old := l.held[id]; old != nil && old.token != tokens[i] {
 			l.loseLocked(old)
 		}
-		le := &lease{id: j.ID, token: j.token, deadline: sentAt.Add(l.duration - l.margin)}
-		j.lease = le
-		l.held[j.ID] = le
+		le := &heldLease{id: id, token: tokens[i], deadline: sentAt.Add(l.duration - l.margin)}
+		out[i] = le
+		l.held[id] = le
 	}
+	return out
 }
 
 // begin attaches the handler's cancel function. It returns why the handler
 // must not run when that was decided before it started.
-func (l *leases) begin(le *lease, cancel context.CancelCauseFunc) error {
+func (l *leases) begin(le *heldLease, cancel context.CancelCauseFunc) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if le.stop != nil {
@@ -89,33 +91,21 @@ func (l *leases) begin(le *lease, cancel context.CancelCauseFunc) error {
 	return nil
 }
 
-// finishing notes that the attempt's outcome has been handed to the
-// completer: from now on a renewal that misses the row most likely means the
-// outcome was just written, which is no reason to warn.
-func (l *leases) finishing(le *lease) {
+// end is called when the attempt's outcome is about to go to the
+// completer: from then on a renewal that misses the row most likely means
+// the outcome was just written, which is no reason to warn. It reports
+// why the attempt must fail when renewing its lease failed for a reason
+// tied to its row (nil otherwise), and whether the lease is presumed lost.
+func (l *leases) end(le *heldLease) (fail error, lost bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	le.done = true
-}
-
-// isLost reports whether the lease is known or presumed lost.
-func (l *leases) isLost(le *lease) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return le.lost
-}
-
-// failure returns why the attempt must fail, when its lease could not be
-// renewed for a reason tied to its row.
-func (l *leases) failure(le *lease) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return le.failWith
+	return le.failWith, le.lost
 }
 
 // stale reports whether the lease's local deadline has passed: a write of
 // its outcome is then likely refused (the sweep may have handed the job on).
-func (l *leases) stale(le *lease, now time.Time) bool {
+func (l *leases) stale(le *heldLease, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return now.After(le.deadline)
@@ -123,7 +113,7 @@ func (l *leases) stale(le *lease, now time.Time) bool {
 
 // remove forgets a lease once its outcome was written (or refused). The
 // job may already be held again under a newer lease: that one stays.
-func (l *leases) remove(le *lease) {
+func (l *leases) remove(le *heldLease) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.held[le.id] == le {
@@ -132,7 +122,7 @@ func (l *leases) remove(le *lease) {
 }
 
 // stopLocked cancels the handler with cause (the first cause wins).
-func (l *leases) stopLocked(le *lease, cause error) {
+func (l *leases) stopLocked(le *heldLease, cause error) {
 	if le.stop != nil {
 		return
 	}
@@ -142,7 +132,7 @@ func (l *leases) stopLocked(le *lease, cause error) {
 	}
 }
 
-func (l *leases) loseLocked(le *lease) {
+func (l *leases) loseLocked(le *heldLease) {
 	le.lost = true
 	l.stopLocked(le, ErrLeaseLost)
 }
@@ -168,7 +158,7 @@ func (l *leases) cancel(id uuid.UUID) {
 // same attempt.
 func (l *leases) heartbeat(ctx context.Context) bool {
 	l.mu.Lock()
-	todo := make([]*lease, 0, len(l.held))
+	todo := make([]*heldLease, 0, len(l.held))
 	stop := time.Now().Add(l.duration / 3)
 	for _, le := range l.held {
 		if !le.lost && le.failWith == nil {
@@ -186,13 +176,13 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 		// below must not wait for a statement that cannot reach the
 		// database.
 		cctx, cancel := context.WithDeadline(ctx, stop)
-		w := isolate.Writer[*lease]{
-			Write: func(ctx context.Context, ls []*lease) error {
+		w := isolate.Writer[*heldLease]{
+			Write: func(ctx context.Context, ls []*heldLease) error {
 				renewedAll, err := l.renew(ctx, ls)
 				ok = ok && renewedAll
 				return err
 			},
-			Poison: func(_ context.Context, le *lease, cause error) error {
+			Poison: func(_ context.Context, le *heldLease, cause error) error {
 				l.mu.Lock()
 				defer l.mu.Unlock()
 				le.failWith = fmt.Errorf("renewing the job's lease failed: %w", cause)
@@ -215,7 +205,7 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 
 // renew runs one renewal statement for ls and applies its answer. It
 // reports whether every lease was renewed (none busy).
-func (l *leases) renew(ctx context.Context, ls []*lease) (bool, error) {
+func (l *leases) renew(ctx context.Context, ls []*heldLease) (bool, error) {
 	ids := make([]uuid.UUID, len(ls))
 	tokens := make([]uuid.UUID, len(ls))
 	for i, le := range ls {

@@ -60,19 +60,6 @@ func (m *maintenance) loop(ctx context.Context) {
 	}
 }
 
-// SweepExpired makes jobs whose lease has expired (their worker died or was
-// cut off) available again, or failed when their attempts are used up, and
-// returns how many it handled. Work runs it periodically (WithSweepInterval);
-// any number of processes may run it at once. A job whose row cannot be
-// swept (a trigger of yours that raises, say) is failed with the reason
-// rather than holding back the others.
-func (q *Queue) SweepExpired(ctx context.Context) (int, error) {
-	if q.isClosed() {
-		return 0, ErrClosed
-	}
-	return q.maint.sweep(ctx)
-}
-
 func (m *maintenance) sweep(ctx context.Context) (int, error) {
 	total := 0
 	for {
@@ -102,17 +89,6 @@ type CleanResult struct {
 	PeriodicRuns  int // periodic_runs rows past retention
 	Batches       int // statements run
 	MoreRemaining bool
-}
-
-// Clean deletes finished jobs past their retention (WithRetention) and old
-// periodic_runs rows, in batches of at most 1,000 rows, each its own
-// statement that skips rows others hold. Work runs it periodically
-// (WithCleanInterval); running it on many processes at once is harmless.
-func (q *Queue) Clean(ctx context.Context) (CleanResult, error) {
-	if q.isClosed() {
-		return CleanResult{}, ErrClosed
-	}
-	return q.maint.clean(ctx)
 }
 
 func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {

@@ -272,3 +272,49 @@ func (l *listener) dispatch(payload string) {
 	}
 	l.log.Warn("backlog: ignoring malformed posting", "payload", payload, "err", err)
 }
+
+// waiters maps job IDs to the Wait calls of this process.
+type waiters struct {
+	mu sync.Mutex
+	m  map[uuid.UUID][]chan struct{}
+}
+
+func (w *waiters) add(id uuid.UUID) chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.m == nil {
+		w.m = map[uuid.UUID][]chan struct{}{}
+	}
+	ch := make(chan struct{}, 1)
+	w.m[id] = append(w.m[id], ch)
+	return ch
+}
+
+func (w *waiters) remove(id uuid.UUID, ch chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	list := w.m[id]
+	for i, c := range list {
+		if c == ch {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(w.m, id)
+	} else {
+		w.m[id] = list
+	}
+}
+
+// wake signals every Wait call for id (never blocks).
+func (w *waiters) wake(id uuid.UUID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ch := range w.m[id] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}

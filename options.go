@@ -26,23 +26,6 @@ const (
 	DefaultKeepFailed     = 7 * 24 * time.Hour
 )
 
-// Limits on input. Inputs over them are rejected with an *InputError.
-const (
-	MaxTypeBytes     = 200       // length of a job type
-	MaxTagBytes      = 200       // length of a tag key or value
-	MaxTags          = 32        // tags per job or worker
-	MaxTagsBytes     = 4096      // the JSON encoding of one job's or worker's tags
-	MaxArgsBytes     = 1 << 20   // encoded args
-	MaxResultBytes   = 64 << 10  // encoded result (Job.SetResult)
-	MinPriority      = 0         // runs first
-	MaxPriority      = 100       // runs last
-	MaxKeyBytes      = 255       // length of an ordering or unique key
-	MaxDependsOn     = 1000      // prerequisites of one job
-	MaxAttemptsLimit = 1_000_000 // the largest MaxAttempts
-	MaxBatchJobs     = 10_000    // jobs in one EnqueueMany, EnqueueManyTx or InsertMany call
-	MaxWorkerIDBytes = 200       // length of WithWorkerID
-)
-
 // Option configures a Queue (see New). The With… functions return them.
 type Option interface{ applyQueue(*config) }
 
@@ -196,6 +179,9 @@ func WithCleanInterval(d time.Duration) Option {
 	return queueOption(func(c *config) { c.cleanInterval = d })
 }
 
+// WithHooks installs metrics and tracing callbacks. Defaults to none.
+func WithHooks(h Hooks) Option { return queueOption(func(c *config) { c.hooks = h }) }
+
 // WithRetryBackoff sets the Queue-wide retry backoff; Work and Mux
 // registrations can override it per job type with RetryBackoff. Defaults to
 // DefaultBackoff.
@@ -340,3 +326,15 @@ func (t WorkerTags) applyWork(c *workConfig) {
 		c.tags[k] = v
 	}
 }
+
+// RetryBackoff overrides the retry backoff for the jobs of one Work call
+// (as a WorkOption) or of one job type (as a HandleOption to Mux.Handle).
+// Defaults to the Queue's (WithRetryBackoff, else DefaultBackoff).
+func RetryBackoff(b Backoff) BackoffOption { return BackoffOption(b) }
+
+// BackoffOption is both a WorkOption and a HandleOption; RetryBackoff
+// returns it.
+type BackoffOption Backoff
+
+func (r BackoffOption) applyWork(c *workConfig) { b := Backoff(r); c.backoff = &b }
+func (r BackoffOption) applyHandle(rt *route)   { b := Backoff(r); rt.backoff = &b }

@@ -9,9 +9,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/robfig/cron/v3"
 
 	"github.com/backlogq/backlog/internal/isolate"
+	"github.com/backlogq/backlog/internal/store"
 )
 
 // Periodic jobs. A schedule is registered in code on every process (Every
@@ -26,17 +28,6 @@ import (
 // one, or up to n of them with CatchUp(n). A schedule with no recorded plan
 // starts with the first plan after it is registered. A changed schedule
 // takes effect from its next plan.
-
-// MaxCatchUp bounds CatchUp.
-const MaxCatchUp = 1000
-
-// CatchUp, given to Every or Cron, enqueues up to n plans missed while no
-// process was running the schedule (the most recent ones). Must be in
-// [1, 1000]. Defaults to 1: only the most recent missed plan. It is not
-// valid for a plain enqueue.
-func CatchUp(n int) EnqueueOption {
-	return enqueueFunc(func(c *enqueueConfig) { c.catchUp = n })
-}
 
 type planner interface {
 	// next returns the first plan time strictly after t.
@@ -75,87 +66,26 @@ type schedule struct {
 	loaded  bool      // last was read from periodic_runs
 }
 
-// Every registers (or replaces) the schedule name: a job of type typ with
-// args and opts is enqueued at every multiple of interval (plan times are
-// aligned to the Unix epoch on the database clock, so every process agrees).
-// The interval must be at least one second.
-func (q *Queue) Every(name string, interval time.Duration, typ string, args any, opts ...EnqueueOption) error {
-	if interval < time.Second {
-		return invalid("interval", "must be at least 1s, got %s", interval)
-	}
-	return q.addSchedule(name, everyPlanner(interval), typ, args, opts)
-}
-
-// Cron registers (or replaces) the schedule name with a standard 5-field
-// cron expression ("*/5 * * * *") or a descriptor (@hourly, @daily,
-// @every 90s…), evaluated in UTC unless it starts with CRON_TZ=<zone>.
-//
-// "@every d" plans like Every(d): at multiples of d since the Unix epoch, so
-// processes that registered it at different times share the same plans.
-func (q *Queue) Cron(name, spec, typ string, args any, opts ...EnqueueOption) error {
-	s, err := cron.ParseStandard(spec)
-	if err != nil {
-		return invalid("cron spec", "%q: %v", spec, err)
-	}
-	if every, ok := s.(cron.ConstantDelaySchedule); ok {
-		if every.Delay < time.Second {
-			return invalid("cron spec", "%q: @every must be at least 1s", spec)
-		}
-		return q.addSchedule(name, everyPlanner(every.Delay), typ, args, opts)
-	}
-	return q.addSchedule(name, cronPlanner{s}, typ, args, opts)
-}
-
-func (q *Queue) addSchedule(name string, p planner, typ string, args any, opts []EnqueueOption) error {
-	if err := validateText("schedule name", name, MaxTypeBytes, false); err != nil {
-		return err
-	}
-	c := enqueueConfig{}
-	for _, o := range opts {
-		if o != nil {
-			o.applyEnqueue(&c)
-		}
-	}
-	catchUp := c.catchUp
-	if catchUp == 0 {
-		catchUp = 1
-	}
-	if catchUp < 1 || catchUp > MaxCatchUp {
-		return invalid("catch up", "must be in [1, %d], got %d", MaxCatchUp, c.catchUp)
-	}
-	// CatchUp is the schedule's, not the job's: reset it for the job.
-	jobOpts := append(append([]EnqueueOption(nil), opts...), CatchUp(0))
-	if len(c.dependsOn) > 0 {
-		return invalid("depends on", "periodic jobs cannot depend on other jobs")
-	}
-	// Validate the job once now, so bad input fails at registration.
-	if _, err := buildJob(JobSpec{Type: typ, Args: args, Options: jobOpts}); err != nil {
-		return err
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		return ErrClosed
-	}
-	q.sched.add(&schedule{name: name, planner: p, typ: typ, args: args, opts: jobOpts, catchUp: catchUp})
-	q.announce.start()
-	q.sched.start()
-	return nil
-}
-
 // scheduler enqueues due plans of this process's schedules.
 type scheduler struct {
-	run  runner
-	q    *Queue
-	log  *slog.Logger
-	wake chan struct{} // buffer of 1: a registration never blocks
+	run      runner
+	store    *store.Store
+	pool     *pgxpool.Pool
+	cfg      *config
+	log      *slog.Logger
+	announce announcer
+	// enqueue inserts plans' jobs inside tx (the scheduler's own) and
+	// returns their postings, to announce after the commit. Set before the
+	// scheduler starts.
+	enqueue func(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]posting, error)
+	wake    chan struct{} // buffer of 1: a registration never blocks
 
 	mu        sync.Mutex
 	schedules map[string]*schedule
 }
 
-func newScheduler(q *Queue) *scheduler {
-	return &scheduler{q: q, log: q.cfg.logger, schedules: map[string]*schedule{}, wake: make(chan struct{}, 1)}
+func newScheduler(st *store.Store, pool *pgxpool.Pool, cfg *config, a announcer) *scheduler {
+	return &scheduler{store: st, pool: pool, cfg: cfg, log: cfg.logger, announce: a, schedules: map[string]*schedule{}, wake: make(chan struct{}, 1)}
 }
 
 func (s *scheduler) start() { s.run.start(s.loop) }
@@ -194,7 +124,6 @@ func (s *scheduler) loop(ctx context.Context) {
 // local clock from that reading, so a skewed local clock does not matter.
 func (s *scheduler) tick(ctx context.Context) time.Duration {
 	const retry = time.Second
-	q := s.q
 	s.mu.Lock()
 	var toLoad []string
 	for n, sc := range s.schedules {
@@ -204,7 +133,7 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 	}
 	s.mu.Unlock()
 	if len(toLoad) > 0 {
-		last, err := q.store.LastPlans(ctx, toLoad)
+		last, err := s.store.LastPlans(ctx, toLoad)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.log.Warn("backlog: reading periodic runs failed", "err", err)
@@ -219,8 +148,8 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 		}
 		s.mu.Unlock()
 	}
-	dbNow, err := q.store.Now(ctx)
-	readAt := q.cfg.clock()
+	dbNow, err := s.store.Now(ctx)
+	readAt := s.cfg.clock()
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("backlog: reading the database clock failed", "err", err)
@@ -228,7 +157,7 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 		return retry
 	}
 
-	var dues []due
+	var dues []duePlan
 	s.mu.Lock()
 	scheds := make([]*schedule, 0, len(s.schedules))
 	for _, sc := range s.schedules {
@@ -241,16 +170,16 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 			continue
 		}
 		for _, p := range missedPlans(sc.planner, sc.last, dbNow, sc.catchUp) {
-			dues = append(dues, due{sc, p})
+			dues = append(dues, duePlan{sc, p})
 		}
 	}
 	s.mu.Unlock()
 	if len(dues) > 0 {
 		// One transaction for every due plan; a plan whose job cannot be
 		// inserted is split off and skipped, never holding back the others.
-		w := isolate.Writer[due]{
-			Write: func(ctx context.Context, ds []due) error { return s.enqueuePlans(ctx, ds) },
-			Poison: func(_ context.Context, d due, cause error) error {
+		w := isolate.Writer[duePlan]{
+			Write: func(ctx context.Context, ds []duePlan) error { return s.enqueuePlans(ctx, ds) },
+			Poison: func(_ context.Context, d duePlan, cause error) error {
 				s.log.Error("backlog: a periodic plan could not be enqueued; skipping it", "schedule", d.sc.name,
 					"plan", d.plan, "err", cause)
 				s.mu.Lock()
@@ -282,12 +211,12 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 	}
 	// dbNow was read at readAt on the local clock; whatever that clock's
 	// offset from the database, elapsed time on it is real.
-	elapsed := q.cfg.clock().Sub(readAt)
+	elapsed := s.cfg.clock().Sub(readAt)
 	return max(next.Sub(dbNow)-elapsed, 0) + time.Millisecond
 }
 
-// due is one plan of one schedule that fell due.
-type due struct {
+// duePlan is one plan of one schedule that fell due.
+type duePlan struct {
 	sc   *schedule
 	plan time.Time
 }
@@ -295,8 +224,7 @@ type due struct {
 // enqueuePlans enqueues the jobs of ds in one transaction, each unless
 // another process enqueued its plan already, and announces them after the
 // commit.
-func (s *scheduler) enqueuePlans(ctx context.Context, ds []due) error {
-	q := s.q
+func (s *scheduler) enqueuePlans(ctx context.Context, ds []duePlan) error {
 	names := make([]string, len(ds))
 	plans := make([]time.Time, len(ds))
 	ids := make([]uuid.UUID, len(ds))
@@ -307,8 +235,8 @@ func (s *scheduler) enqueuePlans(ctx context.Context, ds []due) error {
 		specs[ids[i]] = JobSpec{ID: ids[i], Type: d.sc.typ, Args: d.sc.args, Options: opts}
 	}
 	var posts []posting
-	err := pgx.BeginFunc(ctx, q.pool, func(tx pgx.Tx) error {
-		winners, err := q.store.ClaimPlans(ctx, tx, names, plans, ids)
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		winners, err := s.store.ClaimPlans(ctx, tx, names, plans, ids)
 		if err != nil || len(winners) == 0 {
 			return err
 		}
@@ -316,13 +244,13 @@ func (s *scheduler) enqueuePlans(ctx context.Context, ds []due) error {
 		for _, id := range winners {
 			batch = append(batch, specs[id])
 		}
-		_, posts, err = q.insert(ctx, tx, true, batch)
+		posts, err = s.enqueue(ctx, tx, batch)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	q.announce.committed(posts)
+	s.announce.committed(posts)
 	s.mu.Lock()
 	for _, d := range ds {
 		if d.plan.After(d.sc.last) {

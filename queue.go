@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"regexp"
 	"sync"
 	"sync/atomic"
 
@@ -21,8 +20,6 @@ import (
 	"github.com/backlogq/backlog/internal/store"
 	"github.com/backlogq/backlog/migrations"
 )
-
-var schemaRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
 
 // Queue is a job queue in one PostgreSQL schema. Create it with New.
 type Queue struct {
@@ -100,7 +97,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	q.comp = newCompleter(q.store, q.leases, log, q.announce)
 	cl.comp = q.comp
 	q.maint = &maintenance{store: q.store, cfg: &q.cfg, log: log, announce: q.announce}
-	q.sched = newScheduler(q)
+	q.sched = newScheduler(q.store, q.pool, &q.cfg, q.announce)
 	return q, nil
 }
 

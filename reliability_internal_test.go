@@ -26,19 +26,19 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func TestReclaimStopsTheOldLeasesHandler(t *testing.T) {
 	ls := newLeases(nil, quiet(), time.Minute)
 	id := uuid.New()
-	first := &Job{ID: id, token: uuid.New()}
-	ls.add([]*Job{first}, time.Now())
+	first := ls.add([]uuid.UUID{id}, []uuid.UUID{uuid.New()}, time.Now())[0]
 	ctx, cancel := context.WithCancelCause(context.Background())
-	require.NoError(t, ls.begin(first.lease, cancel))
+	require.NoError(t, ls.begin(first, cancel))
 
-	second := &Job{ID: id, token: uuid.New()}
-	ls.add([]*Job{second}, time.Now())
+	second := ls.add([]uuid.UUID{id}, []uuid.UUID{uuid.New()}, time.Now())[0]
 	require.ErrorIs(t, context.Cause(ctx), ErrLeaseLost)
-	require.True(t, ls.isLost(first.lease))
-	require.False(t, ls.isLost(second.lease))
+	_, lost := ls.end(first)
+	require.True(t, lost)
+	_, lost = ls.end(second)
+	require.False(t, lost)
 	// The old attempt's settlement leaves the new lease registered.
-	ls.remove(first.lease)
-	require.Same(t, second.lease, ls.held[id])
+	ls.remove(first)
+	require.Same(t, second, ls.held[id])
 }
 
 // Every plans at multiples of the interval since the Unix epoch, as the

@@ -1,8 +1,6 @@
 package backlog
 
 import (
-	"context"
-	"fmt"
 	"time"
 
 	"github.com/backlogq/backlog/internal/store"
@@ -19,22 +17,6 @@ type Stats struct {
 	OldestAvailable time.Duration
 	// RunningByWorker counts running jobs per worker (WithWorkerID).
 	RunningByWorker map[string]int64
-}
-
-// Stats returns counts by state and type, the age of the oldest waiting
-// job, and running jobs per worker, in one query. The counts are exact, so
-// the query reads every row of the jobs table: its cost grows with the rows
-// kept for retention (see the README's operations section for a
-// measurement).
-func (q *Queue) Stats(ctx context.Context) (*Stats, error) {
-	if q.isClosed() {
-		return nil, ErrClosed
-	}
-	rows, oldest, err := q.store.Stats(ctx)
-	if err != nil {
-		return nil, q.readErr(ctx, fmt.Errorf("reading stats: %w", err))
-	}
-	return buildStats(rows, oldest), nil
 }
 
 func buildStats(rows []store.StatsRow, oldest time.Duration) *Stats {

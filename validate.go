@@ -3,14 +3,30 @@ package backlog
 import (
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/google/uuid"
-
-	"github.com/backlogq/backlog/internal/store"
 )
+
+// Limits on input. Inputs over them are rejected with an *InputError.
+const (
+	MaxTypeBytes     = 200       // length of a job type
+	MaxTagBytes      = 200       // length of a tag key or value
+	MaxTags          = 32        // tags per job or worker
+	MaxTagsBytes     = 4096      // the JSON encoding of one job's or worker's tags
+	MaxArgsBytes     = 1 << 20   // encoded args
+	MaxResultBytes   = 64 << 10  // encoded result (Job.SetResult)
+	MinPriority      = 0         // runs first
+	MaxPriority      = 100       // runs last
+	MaxKeyBytes      = 255       // length of an ordering or unique key
+	MaxDependsOn     = 1000      // prerequisites of one job
+	MaxAttemptsLimit = 1_000_000 // the largest MaxAttempts
+	MaxBatchJobs     = 10_000    // jobs in one EnqueueMany, EnqueueManyTx or InsertMany call
+	MaxWorkerIDBytes = 200       // length of WithWorkerID
+)
+
+var schemaRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
 
 // validateText checks a name PostgreSQL will store as text: bounded
 // length, no NUL byte, valid UTF-8, and not empty unless allowed.
@@ -190,163 +206,4 @@ func fieldErr(index int, batch bool, err error) error {
 		return err
 	}
 	return fmt.Errorf("job %d: %w", index, err)
-}
-
-// buildBatch validates specs and turns them into rows; graph reports
-// whether any job uses dependencies, ordering or unique keys.
-func buildBatch(specs []JobSpec) ([]store.GraphJob, bool, error) {
-	if len(specs) > MaxBatchJobs {
-		return nil, false, invalid("jobs", "%d jobs in one call exceeds the limit of %d (split the batch; inside one transaction, call EnqueueManyTx several times)", len(specs), MaxBatchJobs)
-	}
-	jobs := make([]store.GraphJob, len(specs))
-	index := make(map[uuid.UUID]int, len(specs))
-	graph := false
-	wrap := func(i int, err error) error { return fieldErr(i, len(specs) > 1, err) }
-	for i, s := range specs {
-		j, err := buildJob(s)
-		if err != nil {
-			return nil, false, wrap(i, err)
-		}
-		if _, dup := index[j.ID]; dup {
-			return nil, false, wrap(i, invalid("id", "%s appears twice in the batch", j.ID))
-		}
-		index[j.ID] = i
-		jobs[i] = j
-		graph = graph || len(j.DependsOn) > 0 || j.OrderingKey != "" || j.UniqueKey != ""
-	}
-	if !graph {
-		return jobs, false, nil
-	}
-	// A unique job may be a duplicate and then is not inserted: no other
-	// member of the batch may wait for it.
-	lastOfKey := map[string]int{}
-	for i, j := range jobs {
-		for _, d := range j.DependsOn {
-			if d == j.ID {
-				return nil, false, wrap(i, invalid("depends on", "job %s depends on itself", d))
-			}
-			if bi, ok := index[d]; ok && jobs[bi].UniqueKey != "" {
-				return nil, false, wrap(i, invalid("depends on", "job %s has a unique key; batch members cannot depend on it", d))
-			}
-		}
-		if k := j.OrderingKey; k != "" {
-			if p, ok := lastOfKey[k]; ok && jobs[p].UniqueKey != "" {
-				return nil, false, wrap(i, invalid("ordering key", "job %s has a unique key; no later batch member may share its ordering key", jobs[p].ID))
-			}
-			lastOfKey[k] = i
-		}
-	}
-	if cyc := findCycle(jobs, index); cyc != nil {
-		return nil, false, invalid("depends on", "the batch has a dependency cycle: %v", cyc)
-	}
-	return jobs, true, nil
-}
-
-// findCycle returns the IDs of a dependency cycle among batch members, or
-// nil.
-func findCycle(jobs []store.GraphJob, index map[uuid.UUID]int) []uuid.UUID {
-	state := make([]uint8, len(jobs)) // 0 new, 1 on the stack, 2 done
-	var stack []uuid.UUID
-	var cycle []uuid.UUID
-	var visit func(i int) bool
-	visit = func(i int) bool {
-		state[i] = 1
-		stack = append(stack, jobs[i].ID)
-		for _, d := range jobs[i].DependsOn {
-			bi, ok := index[d]
-			if !ok {
-				continue
-			}
-			if state[bi] == 1 {
-				for k, id := range stack {
-					if id == d {
-						cycle = append(append([]uuid.UUID(nil), stack[k:]...), d)
-						return true
-					}
-				}
-			}
-			if state[bi] == 0 && visit(bi) {
-				return true
-			}
-		}
-		stack = stack[:len(stack)-1]
-		state[i] = 2
-		return false
-	}
-	for i := range jobs {
-		if state[i] == 0 && visit(i) {
-			return cycle
-		}
-	}
-	return nil
-}
-
-// buildJob validates one spec and turns it into a row.
-func buildJob(s JobSpec) (store.GraphJob, error) {
-	if err := validateType(s.Type); err != nil {
-		return store.GraphJob{}, err
-	}
-	c := enqueueConfig{priority: DefaultPriority, maxAttempts: DefaultMaxAttempts}
-	for _, o := range s.Options {
-		if o == nil {
-			return store.GraphJob{}, invalid("options", "nil option")
-		}
-		o.applyEnqueue(&c)
-	}
-	args, err := encodeArgs(s.Args)
-	if err != nil {
-		return store.GraphJob{}, err
-	}
-	if err := validateTags("tags", c.tags); err != nil {
-		return store.GraphJob{}, err
-	}
-	switch {
-	case c.priority < MinPriority || c.priority > MaxPriority:
-		return store.GraphJob{}, invalid("priority", "%d is outside [%d, %d]", c.priority, MinPriority, MaxPriority)
-	case c.maxAttempts < 1 || c.maxAttempts > MaxAttemptsLimit:
-		return store.GraphJob{}, invalid("max attempts", "must be in [1, %d], got %d", MaxAttemptsLimit, c.maxAttempts)
-	case c.delay < 0:
-		return store.GraphJob{}, invalid("delay", "must not be negative, got %s", c.delay)
-	case c.runAt != nil && c.runAt.IsZero():
-		return store.GraphJob{}, invalid("run at", "zero time")
-	case c.runAt != nil && (c.runAt.Before(minRunAt) || c.runAt.After(maxRunAt)):
-		return store.GraphJob{}, invalid("run at", "%s is outside the years 1 to 9999", c.runAt.UTC().Format(time.RFC3339))
-	case c.catchUp != 0:
-		return store.GraphJob{}, invalid("catch up", "only for periodic jobs (Every, Cron)")
-	case len(c.dependsOn) > MaxDependsOn:
-		return store.GraphJob{}, invalid("depends on", "%d prerequisites exceeds the limit of %d", len(c.dependsOn), MaxDependsOn)
-	}
-	if err := validateMillis("timeout", c.timeout, 0); err != nil {
-		return store.GraphJob{}, err
-	}
-	if err := validateKey("ordering key", c.orderingKey); err != nil {
-		return store.GraphJob{}, err
-	}
-	if err := validateKey("unique key", c.uniqueKey); err != nil {
-		return store.GraphJob{}, err
-	}
-	var deps []uuid.UUID
-	seen := map[uuid.UUID]bool{}
-	for _, d := range c.dependsOn {
-		if d == uuid.Nil {
-			return store.GraphJob{}, invalid("depends on", "nil job ID")
-		}
-		if !seen[d] {
-			seen[d] = true
-			deps = append(deps, d)
-		}
-	}
-	tags := json.RawMessage(`{}`)
-	if len(c.tags) > 0 {
-		tags, _ = json.Marshal(map[string]string(c.tags)) // strings only: cannot fail
-	}
-	id := s.ID
-	if id == uuid.Nil {
-		id = NewID()
-	}
-	return store.GraphJob{
-		NewJob: store.NewJob{ID: id, Type: s.Type, Args: args, Tags: tags, Priority: int16(c.priority), RunAt: c.runAt,
-			Delay: ceilMillis(c.delay), MaxAttempts: int32(c.maxAttempts), Timeout: ceilMillis(c.timeout)},
-		DependsOn: deps, OrderingKey: c.orderingKey, UniqueKey: c.uniqueKey,
-	}, nil
 }

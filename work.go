@@ -5,17 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/backlogq/backlog/internal/store"
 )
-
-// maxErrorBytes caps the text of one recorded attempt error (panic stacks
-// included).
-const maxErrorBytes = 8 << 10
 
 // Work runs jobs with h until ctx is cancelled or the Queue is closed, like
 // http.Server.Serve. It claims only the job types h handles (a *Mux's
@@ -65,6 +59,12 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	if err != nil {
 		return err
 	}
+	if q.isClosed() {
+		return ErrClosed
+	}
+	if err := q.checkSchema(ctx); err != nil {
+		return err
+	}
 
 	if !q.beginWork() {
 		return ErrClosed
@@ -78,7 +78,7 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	hard, hardStop := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer hardStop(nil)
 
-	w := &worker{q: q, h: h, mux: mux, cfg: cfg, hard: hard}
+	w := &workCall{q: q, h: h, mux: mux, cfg: cfg, hard: hard}
 	var workers sync.WaitGroup
 	for range cfg.concurrency {
 		workers.Go(func() {
@@ -127,7 +127,7 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 // or for at most wait: outcomes still held then (their rows held by a
 // transaction of yours, or the database unreachable) stay with the Queue,
 // which keeps writing them until Close.
-func (w *worker) awaitOutcomes(wait time.Duration, spec *domainSpec) {
+func (w *workCall) awaitOutcomes(wait time.Duration, spec *domainSpec) {
 	done := make(chan struct{})
 	go func() { // exits once the outcomes are written; the Queue writes them until Close
 		w.finishes.Wait()
@@ -143,8 +143,8 @@ func (w *worker) awaitOutcomes(wait time.Duration, spec *domainSpec) {
 	}
 }
 
-// worker runs the jobs of one Work call.
-type worker struct {
+// workCall runs the jobs of one Work call.
+type workCall struct {
 	q        *Queue
 	h        Handler
 	mux      *Mux
@@ -153,7 +153,7 @@ type worker struct {
 	finishes sync.WaitGroup // outcomes submitted but not yet written
 }
 
-func (w *worker) run(job *Job) {
+func (w *workCall) run(job *Job) {
 	ls := w.q.leases
 	ctx, cancel := context.WithCancelCause(w.hard)
 	defer cancel(nil)
@@ -188,10 +188,11 @@ func (w *worker) run(job *Job) {
 	// outcome is written: the write is fenced by the lease token, so it
 	// lands only if the database still holds the job under this attempt,
 	// which spares a needless re-run.
-	f := w.outcome(job, err, cause)
+	fail, lost := ls.end(job.lease)
+	f := w.outcome(job, err, cause, fail)
 	if hooks.Finished != nil {
 		o := outcomeOf(f, err)
-		if ls.isLost(job.lease) {
+		if lost {
 			o = OutcomeLeaseLost
 		}
 		hooks.Finished(ctx, job, JobEvent{Outcome: o, Duration: ran, QueueLatency: job.waited, Err: err})
@@ -217,19 +218,20 @@ func outcomeOf(f store.Finish, err error) Outcome {
 	}
 }
 
-func (w *worker) submit(job *Job, f store.Finish) {
-	w.q.leases.finishing(job.lease)
+func (w *workCall) submit(job *Job, f store.Finish) {
 	w.finishes.Add(1)
 	w.q.comp.submit(&finishReq{f: f, job: job, done: func(bool) { w.finishes.Done() }})
 }
 
 // outcome maps what the handler returned to the write that records it.
-func (w *worker) outcome(job *Job, err, cause error) store.Finish {
+// fail, when set, is why the attempt must fail whatever the handler
+// returned (its lease could not be renewed).
+func (w *workCall) outcome(job *Job, err, cause, fail error) store.Finish {
 	f := store.Finish{ID: job.ID, Token: job.token}
 	var snooze *snoozeError
 	switch {
-	case w.q.leases.failure(job.lease) != nil:
-		f.State, f.Err = string(StateFailed), errText(w.q.leases.failure(job.lease))
+	case fail != nil:
+		f.State, f.Err = string(StateFailed), errText(fail)
 	case err == nil:
 		res, rerr := job.result()
 		if rerr != nil {
@@ -265,7 +267,7 @@ func (w *worker) outcome(job *Job, err, cause error) store.Finish {
 	return f
 }
 
-func (w *worker) backoff(typ string) Backoff {
+func (w *workCall) backoff(typ string) Backoff {
 	if w.mux != nil {
 		if b := w.mux.backoffFor(typ); b != nil {
 			return *b
@@ -292,35 +294,4 @@ func callHandler(ctx context.Context, h Handler, job *Job) (err error) {
 		}
 	}()
 	return h.Work(ctx, job)
-}
-
-// errText caps an error's text at maxErrorBytes on a UTF-8 boundary.
-func errText(err error) *string {
-	s := err.Error()
-	if len(s) > maxErrorBytes {
-		cut := maxErrorBytes
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut] + "… (truncated)"
-	}
-	s = strings.ToValidUTF8(stripNul(s), "\uFFFD")
-	return &s
-}
-
-// stripNul removes NUL bytes, which PostgreSQL text cannot hold.
-func stripNul(s string) string {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			b := []byte(s)
-			out := b[:0]
-			for _, c := range b {
-				if c != 0 {
-					out = append(out, c)
-				}
-			}
-			return string(out)
-		}
-	}
-	return s
 }

@@ -193,7 +193,10 @@ func (e *fenv) dbNow() time.Time {
 }
 
 // work runs q.Work in the background until the returned stop (or cleanup).
-var work = worktest.Run
+func work(t testing.TB, q *backlog.Queue, h backlog.Handler, opts ...backlog.WorkOption) (stop func() error) {
+	t.Helper()
+	return worktest.Run(t, func(ctx context.Context) error { return q.Work(ctx, h, opts...) })
+}
 
 // eventually polls cond every tick until it returns true or within passes.
 func eventually(t *testing.T, within, tick time.Duration, what string, cond func() bool) {
