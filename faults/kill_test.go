@@ -247,7 +247,7 @@ loop:
 
 	l := e.ledger()
 	require.Len(t, l.jobs, jobs)
-	l.requireExactlyOnce(t, childType)
+	l.requireCompletedOnceNoAttemptTwice(t, childType)
 
 	// Re-executions only for jobs a killed process had run, after its kill.
 	// A killed process's last statements may still be executed by its

@@ -91,8 +91,8 @@ func TestListenerLoss(t *testing.T) {
 		e.waitSettled(30 * time.Second)
 		l := e.ledger()
 		require.EqualValues(t, enqueued.Load(), len(l.jobs))
-		l.requireExactlyOnce(t, "s4.work")
-		require.Empty(t, l.duplicates())
+		l.requireCompletedOnceNoAttemptTwice(t, "s4.work")
+		l.requireOneExecutionEach(t, "s4.work")
 		var pickup durations
 		for _, at := range killAt {
 			if s, ok := l.firstStartAfter(at, ""); ok {
@@ -173,8 +173,8 @@ func TestListenerLoss(t *testing.T) {
 		}
 		l := e.ledger()
 		require.Len(t, l.jobs, kills+1)
-		l.requireExactlyOnce(t, "s4.raw")
-		require.Empty(t, l.duplicates())
+		l.requireCompletedOnceNoAttemptTwice(t, "s4.raw")
+		l.requireOneExecutionEach(t, "s4.raw")
 		t.Logf("raw insert right after the LISTEN kill → picked up after: %s", pickup)
 		report(t, summaryRow{
 			Scenario:   "4b. LISTEN killed, job inserted without NOTIFY right after (backup poll 1 h)",

@@ -307,12 +307,17 @@ func (l *ledger) duplicates() []*jobRow {
 	return out
 }
 
-// requireExactlyOnce checks the common ground of every scenario: nothing is
-// left blocked, available or running; every job of the given types is
-// completed; the completing attempt is the last execution (same attempt,
-// same worker) and no attempt ran twice; execution rows name only known
-// jobs.
-func (l *ledger) requireExactlyOnce(t *testing.T, types ...string) {
+// requireCompletedOnceNoAttemptTwice checks the common ground of every
+// scenario: nothing is left blocked, available or running; every job of the
+// given types is completed; the completing attempt is the last execution
+// (same attempt, same worker) and no attempt ran twice; execution rows name
+// only known jobs.
+//
+// It does NOT rule out re-executions: a job whose attempt 1 ran, was lost
+// and ran again as attempt 2 passes. Scenarios that promise no duplicate
+// also call requireOneExecutionEach; those with re-runs by design check
+// each re-run against its cause.
+func (l *ledger) requireCompletedOnceNoAttemptTwice(t *testing.T, types ...string) {
 	t.Helper()
 	want := map[string]bool{}
 	for _, typ := range types {
@@ -337,6 +342,26 @@ func (l *ledger) requireExactlyOnce(t *testing.T, types ...string) {
 			seen[x.Attempt] = true
 		}
 	}
+}
+
+// requireOneExecutionEach checks that every job of the given types (at
+// least one) ran its handler exactly once: no re-execution of any kind,
+// whatever its attempt number.
+func (l *ledger) requireOneExecutionEach(t *testing.T, types ...string) {
+	t.Helper()
+	want := map[string]bool{}
+	for _, typ := range types {
+		want[typ] = true
+	}
+	n := 0
+	for _, j := range l.jobs {
+		if !want[j.Type] {
+			continue
+		}
+		n++
+		require.Len(t, j.Execs, 1, "job %s (%s) must have exactly one execution: %+v", j.ID, j.Type, j.Execs)
+	}
+	require.Positive(t, n, "no job of types %v", types)
 }
 
 // errorOf returns the recorded error of one attempt, or "".

@@ -162,7 +162,10 @@ func blackhole(t *testing.T, sweep time.Duration) {
 	e.waitSettled(30 * time.Second)
 
 	l := e.ledger()
-	l.requireExactlyOnce(t, "s3.long", "s3.after")
+	l.requireCompletedOnceNoAttemptTwice(t, "s3.long", "s3.after")
+	// The long job's re-run is the scenario's one by design (checked
+	// below); the jobs queued for w1 during the partition run once each.
+	l.requireOneExecutionEach(t, "s3.after")
 	j := l.jobs[id.String()]
 	require.Len(t, j.Execs, 2, "the long job ran on w1 (partitioned) and on w2: %+v", j.Execs)
 	x1, x2 := j.Execs[0], j.Execs[1]
@@ -256,8 +259,8 @@ func TestSlowConnections(t *testing.T) {
 	elapsed := time.Since(start)
 	l := e.ledger()
 	require.Len(t, l.jobs, jobs)
-	l.requireExactlyOnce(t, "s3.slow")
-	require.Empty(t, l.duplicates())
+	l.requireCompletedOnceNoAttemptTwice(t, "s3.slow")
+	l.requireOneExecutionEach(t, "s3.slow")
 	for _, j := range l.jobs {
 		require.Empty(t, j.Errors, "job %s: a lease was lost or an attempt failed", j.ID)
 	}
@@ -303,8 +306,8 @@ func TestDroppedConnections(t *testing.T) {
 	e.waitSettled(time.Minute)
 	l := e.ledger()
 	require.Len(t, l.jobs, jobs)
-	l.requireExactlyOnce(t, "s3.cut")
-	require.Empty(t, l.duplicates(), "a handler ran twice")
+	l.requireCompletedOnceNoAttemptTwice(t, "s3.cut")
+	l.requireOneExecutionEach(t, "s3.cut")
 	// A claim whose answer was cut off leaves jobs leased to this live
 	// worker that it never saw: they expire and run later. No handler ran
 	// for the lost attempt (each job has one execution), so that is no

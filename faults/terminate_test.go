@@ -130,7 +130,7 @@ func TestBackendsTerminated(t *testing.T) {
 		byErr[msg]++
 	}
 	l := e.ledger()
-	l.requireExactlyOnce(t, "s2.work")
+	l.requireCompletedOnceNoAttemptTwice(t, "s2.work")
 	// Every acknowledged ID is committed.
 	for id, n := range ok {
 		require.NotNil(t, l.jobs[id.String()], "Enqueue #%d returned %s but the job does not exist", n, id)
