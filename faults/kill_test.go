@@ -218,6 +218,7 @@ func TestWorkerProcessesKilled(t *testing.T) {
 	nextKill := time.NewTimer(time.Second + rand.N(time.Second))
 	defer nextKill.Stop()
 	kills := 0
+	midJob := 0 // kills of a process that held a running job at that moment
 loop:
 	for {
 		select {
@@ -231,15 +232,21 @@ loop:
 			slot := rand.N(workers)
 			c := slots[slot]
 			killedAt[c.worker] = e.dbNow()
+			held := e.count(`SELECT count(*) FROM `+e.table("jobs")+` WHERE state = 'running' AND worker = $1`, c.worker)
 			c.kill()
 			reapedAt[c.worker] = e.dbNow()
 			kills++
-			t.Logf("killed %s (%d/%d jobs completed)", c.worker, completed(), jobs)
+			if held > 0 {
+				midJob++
+			}
+			t.Logf("killed %s holding %d running jobs (%d/%d jobs completed)", c.worker, held, completed(), jobs)
 			spawn(slot)
 			nextKill.Reset(time.Second + rand.N(time.Second))
 		}
 	}
 	elapsed := time.Since(start)
+	require.Positive(t, kills, "no worker process was killed")
+	require.Positive(t, midJob, "none of the %d kills hit a process holding a running job", kills)
 	for i, c := range slots {
 		require.NoError(t, c.stop(30*time.Second), "graceful stop of %s", c.worker)
 		slots[i] = nil
@@ -297,13 +304,14 @@ loop:
 			}
 		}
 	}
+	require.Positive(t, expired, "no lease of a killed process expired: the sweep recovered nothing")
 	t.Logf("%d jobs in %s, %d kills, %d executions, %d re-executed jobs, %d expired leases (claimed by a killed process); "+
 		"kill → swept (available again): %s; kill → orphaned job runs again: %s; killed process's statements landed up to %s after it was reaped",
 		jobs, elapsed.Round(time.Millisecond), kills, l.execs, len(dups), expired, released, rerun, slack.Round(time.Millisecond))
 	report(t, summaryRow{
 		Scenario: "1. worker processes SIGKILLed (3 procs, lease 2s, sweep 200ms)",
 		Jobs:     jobs,
-		Faults:   fmt.Sprintf("%d SIGKILLs (every 1-2 s), each replaced", kills),
+		Faults:   fmt.Sprintf("%d SIGKILLs (every 1-2 s; %d of a process holding running jobs), each replaced", kills, midJob),
 		Lost:     jobs - l.states["completed"],
 		Duplicates: fmt.Sprintf("%d jobs ran twice (%d executions for %d jobs): each had run on a process that was then killed before its outcome was written; %d leases expired, all of killed processes",
 			len(dups), l.execs, jobs, expired),

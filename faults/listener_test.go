@@ -141,8 +141,10 @@ func TestListenerLoss(t *testing.T) {
 			var inserted time.Time
 			conn, err := e.ctl.Acquire(context.Background())
 			require.NoError(t, err)
-			_, err = conn.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pid)
+			var terminated bool
+			err = conn.QueryRow(context.Background(), `SELECT pg_terminate_backend($1)`, pid).Scan(&terminated)
 			require.NoError(t, err)
+			require.True(t, terminated, "the LISTEN backend %d was not terminated", pid)
 			err = conn.QueryRow(context.Background(), `INSERT INTO `+e.table("jobs")+` (id, type, args)
 				VALUES (gen_random_uuid(), 's4.raw', '{}') RETURNING clock_timestamp()`).Scan(&inserted)
 			conn.Release()

@@ -99,6 +99,7 @@ func TestBackendsTerminated(t *testing.T) {
 		<-tick.C
 		at := e.dbNow()
 		n := e.terminate(prefix)
+		require.Positive(t, n, "termination %d found no backend of the queue to terminate", len(termAt)+1)
 		termAt = append(termAt, at)
 		killed += n
 		t.Logf("terminated %d backends", n)
