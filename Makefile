@@ -11,6 +11,9 @@ export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 
 test: lint
 	scripts/with-db.sh $(GO) test -race -count=1 -timeout 8m ./...
+ifneq ($(BACKLOG_FAULTS),1)
+	@echo "note: faults/ was compiled but its scenarios were SKIPPED (BACKLOG_FAULTS is not 1); run make test-faults"
+endif
 
 test-short:
 	scripts/with-db.sh $(GO) test -race -count=1 -short ./...

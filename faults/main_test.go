@@ -25,9 +25,18 @@ import (
 // faultsEnv must be "1" for the suite to run; make test-faults sets it.
 const faultsEnv = "BACKLOG_FAULTS"
 
+// ciEnv is "1" in CI (.ci/run sets it): a scenario that cannot run there
+// (a tool missing) fails instead of skipping.
+const ciEnv = "BACKLOG_CI"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(childMain())
+	}
+	if os.Getenv(faultsEnv) != "1" {
+		// Loud, so that a bare "ok" is never taken for a passing suite.
+		fmt.Fprintf(os.Stderr, "\n*** faults: %s is not 1: EVERY fault scenario is SKIPPED, nothing was tested. "+
+			"Run them with `make test-faults` (or %s=1 go test -race -v ./faults/). ***\n\n", faultsEnv, faultsEnv)
 	}
 	code := m.Run()
 	printSummary()
