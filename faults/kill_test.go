@@ -38,6 +38,9 @@ const (
 // its stdin closes, then stops gracefully and exits 0. The parent SIGKILLs
 // it at random moments instead.
 func childMain() int {
+	if os.Getenv(stressChildEnv) == "1" {
+		return stressChildMain()
+	}
 	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 1
@@ -101,12 +104,15 @@ type child struct {
 	err    error         // Wait's result, once done
 }
 
-func startChild(t *testing.T, schema, worker string, lease, sweep time.Duration, conc int) *child {
+// startChild starts a worker process; extraEnv (NAME=value) is added to
+// its environment.
+func startChild(t *testing.T, schema, worker string, lease, sweep time.Duration, conc int, extraEnv ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", childSchemaEnv+"="+schema, childWorkerEnv+"="+worker,
 		childLeaseEnv+"="+lease.String(), childSweepEnv+"="+sweep.String(), childConcEnv+"="+strconv.Itoa(conc),
 		"DATABASE_URL="+testdb.URL())
+	cmd.Env = append(cmd.Env, extraEnv...)
 	cmd.Stderr = prefixWriter{t: t, prefix: worker + ": "}
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
