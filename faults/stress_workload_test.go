@@ -350,7 +350,9 @@ func (s *stress) waitJobs(r *rand.Rand) {
 			for {
 				rec.info, rec.err = q.Wait(ctx, id)
 				// Wait gives up on a transient error (its connection
-				// terminated): a caller retries, as it was told to.
+				// terminated; library bug, see
+				// TestWaitSurvivesTerminatedConnections): a caller retries,
+				// as ErrRetryable tells it to.
 				if !errors.Is(rec.err, backlog.ErrRetryable) {
 					break
 				}
