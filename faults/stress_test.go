@@ -218,12 +218,12 @@ loop:
 		Scenario: fmt.Sprintf("7. randomized stress (seed %d, %s): NOTIFY + poll-only queues and a SIGKILLed child; "+
 			"every enqueue path, outcome and option; cancels, waits, a schedule on 3 queues", s.seed, s.dur),
 		Jobs: len(d.jobs),
-		Faults: fmt.Sprintf("%d pg_terminate_backend rounds (%d backends), %d SIGKILLs (%d mid-job), %d transactions held open on a running prerequisite (%d finished meanwhile), %d cancels, %d waits (%d Wait calls returned ErrRetryable and were retried); settled in %s",
-			len(s.terms), st.terminated, len(s.kills), st.midJobKills, len(s.helds), st.heldWaited, len(s.cancels), len(s.waits), waitRetries,
-			settleTook.Round(time.Millisecond)),
+		Faults: fmt.Sprintf("%d pg_terminate_backend rounds (%d backends), %d SIGKILLs (%d mid-job), %d transactions held open on a running prerequisite (%d finished meanwhile), %d cancels, %d waits (%d Wait calls returned ErrRetryable and were retried)",
+			len(s.terms), st.terminated, len(s.kills), st.midJobKills, len(s.helds), st.heldWaited, len(s.cancels), len(s.waits), waitRetries),
 		Lost:       st.lost,
 		Duplicates: fmt.Sprintf("%d re-executions, each justified (%s); none of one (job, attempt) overlapped", st.rerunTotal, counts(st.reruns)),
-		Pickup:     fmt.Sprintf("%d jobs left legitimately waiting (due in an hour, or blocked behind one)", st.legitLive),
+		Pickup: fmt.Sprintf("workload stopped → every job settled: %s (%d legitimately still waiting: due in an hour, or blocked behind one)",
+			settleTook.Round(time.Millisecond), st.legitLive),
 	})
 }
 
