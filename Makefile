@@ -11,6 +11,9 @@ export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 
 test: lint
 	scripts/with-db.sh $(GO) test -race -count=1 -timeout 8m ./...
+ifneq ($(BACKLOG_FAULTS),1)
+	@echo "note: faults/ was compiled but its scenarios were SKIPPED (BACKLOG_FAULTS is not 1); run make test-faults"
+endif
 
 test-short:
 	scripts/with-db.sh $(GO) test -race -count=1 -short ./...
@@ -38,7 +41,9 @@ measure:
 # Fault-tolerance suite (faults/): SIGKILLed worker processes, terminated
 # backends, cut/slow/blackholed connections (in-test TCP proxy), LISTEN loss,
 # PgBouncer in transaction pooling (scripts/pgbouncer.sh installs and runs it),
-# bad input under load. A few minutes; `make test` skips it (BACKLOG_FAULTS unset).
+# bad input under load, and a randomized stress test (BACKLOG_STRESS_SEED replays
+# a run's workload, BACKLOG_STRESS_DURATION lengthens it). About 4 minutes;
+# `make test` skips it (BACKLOG_FAULTS unset).
 .PHONY: test-faults
 test-faults:
 	BACKLOG_FAULTS=1 scripts/with-db.sh $(GO) test -race -count=1 -v -timeout 15m ./faults/

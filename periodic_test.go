@@ -60,16 +60,31 @@ func TestPeriodicExactlyOncePerPlanAcrossProcesses(t *testing.T) {
 	for _, q := range qs {
 		require.NoError(t, q.Close())
 	}
-	runs := e.runs("heartbeat")
+	// What the feature promises: exactly one job per (name, plan time),
+	// whichever queue enqueued it, and plan times on the interval's grid.
+	// Consecutive plans are not promised to be exactly one interval apart:
+	// when every scheduler is late by more than an interval (-race on a
+	// busy machine), only the most recent missed plan is enqueued
+	// (CatchUp(1)), which leaves a gap.
+	runs := e.runs("heartbeat") // also checks: at most one job per plan
 	for i := 1; i < len(runs); i++ {
-		require.Equal(t, time.Second, runs[i].Sub(runs[i-1]), "no gap and no duplicate between plans %s and %s", runs[i-1], runs[i])
+		require.True(t, runs[i].After(runs[i-1]), "plans %s and %s are distinct and ordered", runs[i-1], runs[i])
 	}
 	for _, p := range runs {
-		require.Equal(t, p, p.Truncate(time.Second), "plans are aligned")
+		require.Equal(t, p, p.Truncate(time.Second), "plan %s is on the 1 s grid (aligned to the Unix epoch)", p)
 	}
-	require.Equal(t, len(runs), e.count("type = 'tick'"))
+	require.Equal(t, len(runs), e.count("type = 'tick'"), "one job per plan, and no job without a plan")
 	require.Equal(t, len(runs), e.count(`type = 'tick' AND tags = '{"kind":"periodic"}' AND max_attempts = 2`))
-	t.Logf("%d plans, one job each, from 3 queues", len(runs))
+	// Every plan's job exists and runs at its plan time.
+	require.Equal(t, len(runs), e.count(`type = 'tick' AND id IN (SELECT job_id FROM "`+e.schema+`".periodic_runs
+		WHERE name = 'heartbeat' AND plan_time = run_at)`))
+	gaps := 0
+	for i := 1; i < len(runs); i++ {
+		if runs[i].Sub(runs[i-1]) != time.Second {
+			gaps++
+		}
+	}
+	t.Logf("%d plans, one job each, from 3 queues (%d gaps where every scheduler was late)", len(runs), gaps)
 }
 
 func TestPeriodicUsesTheDatabaseClock(t *testing.T) {

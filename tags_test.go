@@ -60,30 +60,79 @@ func TestTagMatchingTable(t *testing.T) {
 		{"three of two", tags{"a": "1", "b": "2", "c": "3"}, tags{"a": "1", "b": "2"}, false},
 	}
 	ctx := context.Background()
+	// Each case runs twice: against a worker of one type, and against a
+	// worker of several types (the claim function has a separate branch
+	// for those, with its own tag filter). The several-types worker also
+	// wants a type with a matching job queued behind the case's job, so a
+	// branch that ignored tags would claim the wrong one.
 	for i, c := range cases {
-		typ := fmt.Sprintf("tag.case.%d", i)
-		r, err := buildJob(JobSpec{Type: typ, Options: []EnqueueOption{Tags(c.job)}})
-		require.NoError(t, err, c.name)
-		require.NoError(t, st.Insert(ctx, pool, []store.NewJob{r.NewJob}, nil), c.name)
+		for _, several := range []bool{false, true} {
+			name := c.name + " (one type)"
+			typ := fmt.Sprintf("tag.case.%d", i)
+			types := []string{typ}
+			if several {
+				name = c.name + " (several types)"
+				typ = fmt.Sprintf("tag.multi.%d.a", i)
+				types = []string{typ, fmt.Sprintf("tag.multi.%d.b", i), fmt.Sprintf("tag.multi.%d.c", i)}
+			}
+			r, err := buildJob(JobSpec{Type: typ, Options: []EnqueueOption{Tags(c.job)}})
+			require.NoError(t, err, name)
+			require.NoError(t, st.Insert(ctx, pool, []store.NewJob{r.NewJob}, nil), name)
 
-		d, err := newDomainSpec([]string{typ}, c.worker)
-		require.NoError(t, err, c.name)
-		require.Equal(t, c.match, d.matches(typ, c.job), "Go matcher: %s", c.name)
-		res, err := st.Claim(ctx, d.types, d.tagsJ, 10, time.Minute, "w")
-		require.NoError(t, err, c.name)
-		require.False(t, res.Skipped, c.name)
-		got := res.Jobs
-		if c.match {
-			require.Len(t, got, 1, "SQL claim: %s", c.name)
-			require.Equal(t, r.ID, got[0].ID)
-		} else {
-			require.Empty(t, got, "SQL claim: %s", c.name)
-			row, err := st.Get(ctx, pool, r.ID)
-			require.NoError(t, err)
-			require.Equal(t, "available", row.State, "untouched: %s", c.name)
-			require.Equal(t, 0, row.Attempt, "untouched: %s", c.name)
+			d, err := newDomainSpec(types, c.worker)
+			require.NoError(t, err, name)
+			require.Equal(t, c.match, d.matches(typ, c.job), "Go matcher: %s", name)
+			res, err := st.Claim(ctx, d.types, d.tagsJ, 10, time.Minute, "w")
+			require.NoError(t, err, name)
+			require.False(t, res.Skipped, name)
+			got := res.Jobs
+			if c.match {
+				require.Len(t, got, 1, "SQL claim: %s", name)
+				require.Equal(t, r.ID, got[0].ID)
+			} else {
+				require.Empty(t, got, "SQL claim: %s", name)
+				row, err := st.Get(ctx, pool, r.ID)
+				require.NoError(t, err)
+				require.Equal(t, "available", row.State, "untouched: %s", name)
+				require.Equal(t, 0, row.Attempt, "untouched: %s", name)
+			}
 		}
 	}
+	// Several types, several tagged jobs at once: exactly the matching ones
+	// are claimed, across types.
+	type job struct {
+		typ   string
+		tags  tags
+		match bool
+	}
+	worker := tags{"region": "eu", "gpu": "a100"}
+	mixed := []job{
+		{"mixed.a", nil, true},
+		{"mixed.a", tags{"region": "us"}, false},
+		{"mixed.b", tags{"region": "eu"}, true},
+		{"mixed.b", tags{"region": "eu", "gpu": "h100"}, false},
+		{"mixed.c", tags{"region": "eu", "gpu": "a100"}, true},
+		{"mixed.c", tags{"zone": "x"}, false},
+	}
+	want := map[string]bool{}
+	for _, j := range mixed {
+		r, err := buildJob(JobSpec{Type: j.typ, Options: []EnqueueOption{Tags(j.tags)}})
+		require.NoError(t, err)
+		require.NoError(t, st.Insert(ctx, pool, []store.NewJob{r.NewJob}, nil))
+		if j.match {
+			want[r.ID.String()] = true
+		}
+	}
+	d, err := newDomainSpec([]string{"mixed.a", "mixed.b", "mixed.c"}, worker)
+	require.NoError(t, err)
+	res, err := st.Claim(ctx, d.types, d.tagsJ, 10, time.Minute, "w")
+	require.NoError(t, err)
+	got := map[string]bool{}
+	for _, j := range res.Jobs {
+		got[j.ID.String()] = true
+	}
+	require.Equal(t, want, got, "a worker of several types claims exactly the jobs whose tags it has")
+
 	// A worker of several types claims across them in priority order.
 	var ids []string
 	for i, p := range []int{5, 1, 3} {
@@ -92,12 +141,11 @@ func TestTagMatchingTable(t *testing.T) {
 		require.NoError(t, st.Insert(ctx, pool, []store.NewJob{r.NewJob}, nil))
 		ids = append(ids, r.ID.String())
 	}
-	d, err := newDomainSpec([]string{"multi.0", "multi.1", "multi.2"}, nil)
+	d, err = newDomainSpec([]string{"multi.0", "multi.1", "multi.2"}, nil)
 	require.NoError(t, err)
-	res, err := st.Claim(ctx, d.types, d.tagsJ, 2, time.Minute, "w")
+	res, err = st.Claim(ctx, d.types, d.tagsJ, 2, time.Minute, "w")
 	require.NoError(t, err)
-	got := res.Jobs
-	require.Len(t, got, 2)
+	require.Len(t, res.Jobs, 2)
 	require.Equal(t, time.Duration(-1), res.Next, "a full batch does not look for the next run_at")
-	require.ElementsMatch(t, []string{ids[1], ids[2]}, []string{got[0].ID.String(), got[1].ID.String()})
+	require.ElementsMatch(t, []string{ids[1], ids[2]}, []string{res.Jobs[0].ID.String(), res.Jobs[1].ID.String()})
 }

@@ -75,7 +75,8 @@ func TestBadInputUnderLoad(t *testing.T) {
 
 	l := e.ledger()
 	require.Len(t, l.jobs, normal+3*bad)
-	l.requireExactlyOnce(t, "s6.ok")
+	l.requireCompletedOnceNoAttemptTwice(t, "s6.ok")
+	l.requireOneExecutionEach(t, "s6.ok", "s6.big")
 	require.Equal(t, normal, l.states["completed"])
 	require.Equal(t, 3*bad, l.states["failed"])
 	want := map[string][]string{

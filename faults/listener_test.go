@@ -91,8 +91,8 @@ func TestListenerLoss(t *testing.T) {
 		e.waitSettled(30 * time.Second)
 		l := e.ledger()
 		require.EqualValues(t, enqueued.Load(), len(l.jobs))
-		l.requireExactlyOnce(t, "s4.work")
-		require.Empty(t, l.duplicates())
+		l.requireCompletedOnceNoAttemptTwice(t, "s4.work")
+		l.requireOneExecutionEach(t, "s4.work")
 		var pickup durations
 		for _, at := range killAt {
 			if s, ok := l.firstStartAfter(at, ""); ok {
@@ -141,8 +141,10 @@ func TestListenerLoss(t *testing.T) {
 			var inserted time.Time
 			conn, err := e.ctl.Acquire(context.Background())
 			require.NoError(t, err)
-			_, err = conn.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pid)
+			var terminated bool
+			err = conn.QueryRow(context.Background(), `SELECT pg_terminate_backend($1)`, pid).Scan(&terminated)
 			require.NoError(t, err)
+			require.True(t, terminated, "the LISTEN backend %d was not terminated", pid)
 			err = conn.QueryRow(context.Background(), `INSERT INTO `+e.table("jobs")+` (id, type, args)
 				VALUES (gen_random_uuid(), 's4.raw', '{}') RETURNING clock_timestamp()`).Scan(&inserted)
 			conn.Release()
@@ -173,8 +175,8 @@ func TestListenerLoss(t *testing.T) {
 		}
 		l := e.ledger()
 		require.Len(t, l.jobs, kills+1)
-		l.requireExactlyOnce(t, "s4.raw")
-		require.Empty(t, l.duplicates())
+		l.requireCompletedOnceNoAttemptTwice(t, "s4.raw")
+		l.requireOneExecutionEach(t, "s4.raw")
 		t.Logf("raw insert right after the LISTEN kill → picked up after: %s", pickup)
 		report(t, summaryRow{
 			Scenario:   "4b. LISTEN killed, job inserted without NOTIFY right after (backup poll 1 h)",
