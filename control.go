@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/backlogq/backlog/internal/pgerr"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -64,7 +65,7 @@ func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 	q.mu.Unlock()
 	defer q.waiters.remove(id, ch)
 
-	w, err := q.store.MarkWaiting(ctx, id)
+	w, err := q.markWaiting(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}
@@ -76,26 +77,57 @@ func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 		// skipped it and parked.
 		q.announce.committed(postingsOf([]store.Avail{*w.Avail}))
 	}
-	state := w.State
+	state := State(w.State)
 	every := min(time.Second, q.cfg.pollInterval)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
+	var info *JobInfo
 	for {
-		if State(state).Terminal() {
-			return q.Job(ctx, id)
+		if state.Terminal() {
+			if info != nil {
+				return info, nil
+			}
+			// A poll that fails for a transient reason is tried again at
+			// the next tick: the job is still worth waiting for.
+		} else {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-q.closing:
+				return nil, ErrClosed
+			case <-ch:
+			case <-tick.C:
+			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-q.closing:
-			return nil, ErrClosed
-		case <-ch:
-		case <-tick.C:
-		}
-		info, err := q.Job(ctx, id)
-		if err != nil {
+		var err error
+		info, err = q.Job(ctx, id)
+		switch {
+		case err == nil:
+			state = info.State
+		case errors.Is(err, ErrRetryable) && ctx.Err() == nil:
+			q.log.Debug("backlog: polling a waited-for job failed; polling again", "job", id, "err", err)
+			info, state = nil, ""
+		default:
 			return nil, err
 		}
-		state = string(info.State)
+	}
+}
+
+// markWaiting asks for the job's completion notice, trying again while the
+// database fails for a transient reason and ctx lasts.
+func (q *Queue) markWaiting(ctx context.Context, id uuid.UUID) (store.Waiting, error) {
+	b := newBackoff(50*time.Millisecond, time.Second, 0)
+	for {
+		w, err := q.store.MarkWaiting(ctx, id)
+		if err == nil || !pgerr.Transient(err) || ctx.Err() != nil {
+			return w, err
+		}
+		t := time.NewTimer(b.NextBackOff())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return w, err
+		case <-t.C:
+		}
 	}
 }

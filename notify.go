@@ -148,8 +148,26 @@ func (n *notifier) send(ctx context.Context, payloads []string) {
 			return nil
 		},
 	}
-	if _, err := w.Run(ctx, payloads); err != nil {
-		n.log.Warn("backlog: sending notifications failed; idle workers fall back to the backup poll", "err", err)
+	// Transient failures are tried again while the send's context lasts.
+	b := newBackoff(20*time.Millisecond, time.Second, 0)
+	for {
+		rest, err := w.Run(ctx, payloads)
+		if err == nil {
+			return
+		}
+		wait := b.NextBackOff()
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) < wait {
+			n.log.Warn("backlog: sending notifications failed; idle workers fall back to the backup poll", "err", err)
+			return
+		}
+		payloads = rest
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-n.stopCh:
+			t.Stop()
+			return
+		}
 	}
 }
 

@@ -63,6 +63,9 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 		return ErrClosed
 	}
 	if err := q.checkSchema(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it began
+		}
 		return err
 	}
 

@@ -347,15 +347,11 @@ func (s *stress) waitJobs(r *rand.Rand) {
 			ctx, cancel := context.WithTimeout(s.waitCtx, 3*time.Minute)
 			defer cancel()
 			rec := waitRec{id: id}
-			for {
-				rec.info, rec.err = q.Wait(ctx, id)
-				// Wait gives up on a transient error (its connection
-				// terminated; library bug, see
-				// TestWaitSurvivesTerminatedConnections): a caller retries,
-				// as ErrRetryable tells it to.
-				if !errors.Is(rec.err, backlog.ErrRetryable) {
-					break
-				}
+			// Wait polls through transient errors itself (see
+			// TestWaitSurvivesTerminatedConnections): an ErrRetryable here
+			// is a violation, counted by the invariants.
+			rec.info, rec.err = q.Wait(ctx, id)
+			if errors.Is(rec.err, backlog.ErrRetryable) {
 				rec.retried = append(rec.retried, rec.err)
 			}
 			s.mu.Lock()

@@ -13,16 +13,11 @@ import (
 
 // TestWaitSurvivesTerminatedConnections: Queue.Wait "blocks until the job
 // reaches a terminal state and returns its record, or returns ctx's
-// error". Found by TestStress: when the backend of one of Wait's polls is
-// terminated, Wait returns that transient error (ErrRetryable) although
-// the job is still live and ctx has not ended; it should poll again.
-//
-// Queue.Wait's loop returns q.Job's error as it is (control.go); a poll
-// that fails with ErrRetryable could be tried again at the next tick.
+// error". Found by TestStress: when the backend of one of Wait's polls was
+// terminated, Wait returned that transient error (ErrRetryable) although
+// the job was still live and ctx had not ended. It polls again now.
 func TestWaitSurvivesTerminatedConnections(t *testing.T) {
 	requireFaults(t)
-	t.Skip("library bug: Queue.Wait returns ErrRetryable when one of its polls hits a terminated connection, " +
-		"instead of polling again until the job ends or ctx does; found by TestStress, see commit 1b82d41")
 	e := newFEnv(t)
 	ctx := context.Background()
 	// Poll-only, polling every 50 ms: Wait reads the job from the pool

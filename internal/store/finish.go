@@ -75,7 +75,7 @@ func (s *Store) buildFinish() {
 		attempt = j.attempt + f.attempt_delta,
 		result = f.result,
 		last_error = CASE WHEN f.state = 'completed' THEN NULL
-		                  WHEN j.cancel_requested AND f.state = 'available' THEN COALESCE(f.err, 'cancelled')
+		                  WHEN j.cancel_requested AND f.state = 'available' THEN 'cancelled by request' || COALESCE('; its last attempt ended with: ' || f.err, '')
 		                  ELSE COALESCE(f.err, j.last_error) END,
 		errors = CASE WHEN f.err IS NULL THEN j.errors ELSE ` + errorsAppend("j.attempt", "f.err") + ` END,
 		lease_token = NULL, lease_expires_at = NULL,
@@ -123,7 +123,8 @@ WHERE j.lease_token = t.token AND j.state = 'running' AND j.id NOT IN (SELECT id
 	// jobs due later), failed once attempts are used up, cancelled when a
 	// cancel was requested.
 	sweep := func(filter string) string {
-		msg := `'lease expired: worker ' || COALESCE(j.worker, '?') || ' stopped renewing it'`
+		msg := `CASE WHEN j.cancel_requested THEN 'cancelled by request; its last attempt ended with: ' ELSE '' END
+			|| 'lease expired: worker ' || COALESCE(j.worker, '?') || ' stopped renewing it'`
 		return `WITH expired AS (
 	SELECT id FROM ` + s.jobs + ` WHERE state = 'running' AND lease_expires_at < now() ` + filter + `
 	ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED
