@@ -71,8 +71,9 @@ type finishReq struct {
 	f     store.Finish
 	job   *Job
 	done  func(written bool) // called once the write landed, was refused or dropped
-	tries int
-	after time.Time // slow lane: not before
+	tries int                // slow lane: writes tried
+	busy  int                // fast lane: times the row was found busy
+	after time.Time          // slow lane: not before
 }
 
 func newCompleter(st *store.Store, ls *leases, log *slog.Logger, a announcer) *completer {
@@ -202,7 +203,7 @@ func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, wait bool) 
 			}
 			c.settle(r, true)
 		case store.Busy:
-			c.toSlow(r)
+			c.busy(r)
 		default:
 			c.log.Warn("backlog: outcome refused: lease lost", "job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
 			c.settle(r, false)
@@ -271,6 +272,28 @@ func (c *completer) dropStale(rs []*finishReq) []*finishReq {
 		keep = append(keep, r)
 	}
 	return keep
+}
+
+// fastBusyTries is how often a busy row is tried again in the fast lane
+// before it goes to the slow lane. Most busy rows are held for a moment
+// only: a concurrent claim that followed the row's update chain keeps its
+// lock until its statement ends, though it does not take the row.
+const fastBusyTries = 3
+
+// busy puts an outcome whose row another transaction held back in the
+// queue for the next batch, or, after fastBusyTries, in the slow lane.
+func (c *completer) busy(r *finishReq) {
+	if r.busy++; r.busy > fastBusyTries {
+		c.toSlow(r)
+		return
+	}
+	c.mu.Lock()
+	c.queue = append(c.queue, r)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
 }
 
 // toSlow hands an outcome whose row was busy to the slow lane.

@@ -23,7 +23,7 @@ const (
 )
 
 type finishSQL struct {
-	skip, wait, ended, held, extend, sweep, sweepIDs, expired, failExpired string
+	skip, wait, ended, held, extend, sweep, sweepIDs, anyExpired, expired, failExpired string
 }
 
 // Finish is one fenced terminal or retry write.
@@ -145,6 +145,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_
 	}
 	f.sweep = sweep("")
 	f.sweepIDs = sweep("AND id = ANY($3::uuid[])")
+	f.anyExpired = `SELECT EXISTS (SELECT 1 FROM ` + s.jobs + ` WHERE state = 'running' AND lease_expires_at < now())`
 	f.expired = `SELECT id FROM ` + s.jobs + ` WHERE state = 'running' AND lease_expires_at < now() ORDER BY id LIMIT $1`
 	// A row the sweep could not write: failed, with the reason, carrying
 	// none of its data.

@@ -32,6 +32,11 @@ type SweepResult struct {
 // whose dependents another transaction holds is left for a later pass.
 func (s *Store) SweepExpired(ctx context.Context, limit int) (SweepResult, error) {
 	var res SweepResult
+	// Usually nothing has expired: one statement, no transaction.
+	var found bool
+	if err := s.pool.QueryRow(ctx, s.fin.anyExpired, Mode).Scan(&found); err != nil || !found {
+		return res, err
+	}
 	err := s.sweepTx(ctx, nil, limit, false, &res)
 	if err == nil || ctx.Err() != nil || pgerr.Transient(err) {
 		return res, err
