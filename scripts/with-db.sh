@@ -199,8 +199,13 @@ start_throwaway_cluster() {
 	log "using throw-away PostgreSQL ($(basename "$(dirname "$pg_bindir")")) at $DATABASE_URL (data in $pg_tmpdir, removed on exit)"
 }
 
+# mask_url prints a connection URL with its password replaced by ***.
+mask_url() {
+	printf '%s\n' "$1" | sed -E 's#^([a-z]+://[^:/@]*:)[^@]*@#\1***@#'
+}
+
 if [ -n "${DATABASE_URL:-}" ]; then
-	log "using DATABASE_URL from environment: $DATABASE_URL"
+	log "using DATABASE_URL from environment: $(mask_url "$DATABASE_URL")"
 elif [ "${BACKLOG_TEST_NO_LOCAL:-}" != 1 ] && url=$(find_local_server); then
 	DATABASE_URL=$url
 	log "using local PostgreSQL at $DATABASE_URL"
@@ -216,7 +221,7 @@ if command -v psql >/dev/null 2>&1; then
 			log "warning: max_connections is $maxconn (< 100); parallel tests may run out of connections"
 		fi
 	else
-		log "warning: could not query max_connections via $DATABASE_URL"
+		log "warning: could not query max_connections via $(mask_url "$DATABASE_URL")"
 	fi
 fi
 

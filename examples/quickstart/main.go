@@ -35,9 +35,12 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
+	// An unset DATABASE_URL would make pgx connect to libpq's defaults
+	// (a local socket, your user name): say so instead.
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
-		url = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
+		return errors.New("DATABASE_URL is not set: run `make demo` (it finds or starts a PostgreSQL), " +
+			"or set DATABASE_URL=postgres://user@host:5432/db")
 	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
