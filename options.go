@@ -187,8 +187,9 @@ func WithHooks(h Hooks) Option { return queueOption(func(c *config) { c.hooks = 
 // DefaultBackoff.
 func WithRetryBackoff(b Backoff) Option { return queueOption(func(c *config) { c.backoff = b }) }
 
-// EnqueueOption configures one job at enqueue time. Tags, Priority, RunAt,
-// Delay, MaxAttempts and Timeout are EnqueueOptions.
+// EnqueueOption configures one job at enqueue time: Tags, Priority, RunAt,
+// Delay, MaxAttempts, Timeout, DependsOn, OrderingKey, UniqueKey, and, for
+// periodic jobs only, CatchUp.
 type EnqueueOption interface{ applyEnqueue(*enqueueConfig) }
 
 type enqueueConfig struct {
@@ -277,8 +278,8 @@ func UniqueKey(key string) EnqueueOption {
 	return enqueueFunc(func(c *enqueueConfig) { c.uniqueKey = key })
 }
 
-// WorkOption configures one Work call. Concurrency, WorkerTags, Types,
-// GracePeriod and RetryBackoff are WorkOptions.
+// WorkOption configures one Work call: Concurrency, WorkerTags, Types,
+// GracePeriod and RetryBackoff.
 type WorkOption interface{ applyWork(*workConfig) }
 
 type workConfig struct {

@@ -1,0 +1,62 @@
+// Package backlog is an embeddable job queue backed by PostgreSQL.
+//
+// A [Queue] wraps the application's own [*pgxpool.Pool]. Jobs are rows in
+// one table (schema "backlog" by default, created by [Queue.Migrate]).
+// [Queue.Enqueue] inserts them, alone or inside the caller's transaction
+// ([Queue.EnqueueTx]), and [Queue.Work] runs them with a [Handler] in as
+// many processes as needed: PostgreSQL is the only coordinator.
+//
+// # Concurrency
+//
+// A Queue is safe for concurrent use by any number of goroutines. A process
+// normally holds one Queue and may call Work several times, for different
+// job types or worker tags; all calls share one acquirer, one LISTEN
+// connection, one heartbeat and one completer, so a process costs the
+// database the same few background queries however many Work calls it
+// runs. Many processes may work one schema at once.
+//
+// Work blocks like [net/http.Server.Serve]: cancelling its context stops it
+// gracefully. [Queue.Close] stops every Work call and background service
+// and is idempotent; after it, every method returns [ErrClosed]. A Queue
+// never closes the pool.
+//
+// Handlers run concurrently, each in its own goroutine with its own
+// context, and receive their [Job] as an argument, never through the
+// context.
+//
+// # Delivery
+//
+// Delivery is at least once. A claimed job is held under a lease that the
+// Queue renews while the handler runs; if the process dies, the lease
+// expires and the job runs again elsewhere, so handlers must be idempotent.
+// Each attempt's outcome is written once, fenced by the lease token, so a
+// worker that lost its lease can never overwrite a newer attempt. Outcomes
+// are written in batches, and a batch that fails because of one job's row
+// is split until that job is alone: one job never costs another its
+// outcome.
+//
+// # Enqueueing
+//
+// A job has a type (which selects the handler), JSON args and options:
+// [Tags] for routing, [Priority], [RunAt] or [Delay], [MaxAttempts],
+// [Timeout], [DependsOn] (run after other jobs completed), [OrderingKey]
+// (one at a time, in order, per key) and [UniqueKey] (at most one live job
+// per key). [Queue.EnqueueMany] inserts a batch in one statement. Bad input
+// returns an [*InputError] naming the field, and nothing is written.
+//
+// # Working
+//
+// A [Mux] routes jobs to handlers by type; [HandleJSON] decodes args into a
+// typed value. A handler returns nil to complete the job (optionally with a
+// result, [Job.SetResult]), an error to retry it with backoff, [Permanent]
+// to fail it at once, or [Snooze] to run it again later without spending an
+// attempt. Panics are recovered and retried.
+//
+// # Observing and controlling
+//
+// [Queue.Job] reads a job's record, [Queue.Wait] waits for it to finish
+// ([JobInfo.Err] tells whether it completed), [Queue.Cancel] cancels it,
+// and [Queue.Stats] counts jobs. [Queue.Every] and [Queue.Cron] enqueue
+// periodic jobs, exactly once per plan across all processes. [Hooks] feed
+// metrics and tracing.
+package backlog
