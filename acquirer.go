@@ -22,9 +22,6 @@ type acquirerStore interface {
 // claimResult is what one claim took.
 type claimResult struct {
 	jobs []*Job
-	// next: when fewer than k jobs were taken, the time until the domain's
-	// next scheduled job is due; < 0 when there is none.
-	next time.Duration
 	// skipped: when fewer than k jobs were taken, due jobs of the domain
 	// exist that were locked by another transaction. The domain must not
 	// park on them: it queries again shortly.
@@ -36,19 +33,32 @@ type claimResult struct {
 // Acquirees that want the same job types with the same worker tags form a
 // domain. At most one claim query per domain is in flight at any time (the
 // domain's claim goroutine holds the clearance); it asks for k jobs, k being
-// the number of the domain's acquirees waiting when it starts, and hands
-// them out first come, first served. At low load a claim takes one job with
-// no added delay; under load, acquirees that come back while a claim is in
-// flight are served together by the next one, so claims batch by
-// themselves.
+// the number of the domain's acquirees waiting when it starts plus what its
+// prefetch buffer lacks, and hands them out first come, first served. At
+// low load a claim takes one job with no added delay; under load, acquirees
+// that come back while a claim is in flight are served together by the next
+// one, so claims batch by themselves.
+//
+// The prefetch buffer holds jobs claimed ahead of demand, so that workers
+// find a job at once while the next claim is in flight. Its size follows
+// demand (prefetch.go): about what the domain's workers take during two
+// claims, so slow handlers keep (almost) nothing back from other processes,
+// and at most the largest Prefetch of the Work calls that joined the
+// domain. Buffered jobs are leased like any other (the heartbeat renews
+// them; a handler's timeout starts when it starts); they are given back
+// when the last Work call leaves the domain (leave) or the acquirer
+// closes.
 //
 // A claim that returns fewer jobs than asked parks the domain: no query runs
-// for it until a matching posting arrives (post), its jittered backup poll
-// fires, or a timer armed for the earliest future run_at it could take
-// fires. A posting that lands while a claim is in flight sets pending, and
+// for it until a matching posting arrives (post) or its jittered backup poll
+// fires. Jobs due later are not the domain's concern: they wait as
+// scheduled, and the promoter (maintenance) announces them when they are
+// due; postings about them go to scheduled. A posting that lands while a claim is in flight sets pending, and
 // the domain queries again right after, so a job committed just after the
 // claim's snapshot is never left to the backup poll. A domain with no
-// acquiree is deleted: its timers are stopped and its goroutines awaited.
+// acquiree stops its timers, and the first acquiree to come back queries at
+// once (unless the buffer serves it); a domain no Work call has joined and
+// that holds nothing is deleted.
 //
 // An acquiree whose context ends while a claim is in flight stays in line
 // and is answered by that claim: with a job, which its caller must release
@@ -60,6 +70,8 @@ type acquirer struct {
 	log          *slog.Logger
 	pollInterval time.Duration
 	pollJitter   time.Duration
+	// scheduled hears of jobs due in the given time (postings with In > 0).
+	scheduled func(in time.Duration)
 
 	ctx    context.Context // claims run under it, not under an acquiree's context
 	cancel context.CancelFunc
@@ -72,14 +84,15 @@ type acquirer struct {
 
 type domain struct {
 	spec     *domainSpec
-	waiters  []*acquiree // FIFO
-	querying bool        // a claim goroutine runs for this domain
-	pending  bool        // woken while querying: query again
-	parked   bool        // the last claim came back short: wait for a wake
-	poll     *acqTimer   // backup poll, armed while parked
-	due      *acqTimer   // run_at timer
-	dueAt    time.Time
-	retry    *acqTimer // after a failed claim, or one that skipped locked jobs
+	users    int           // Work calls that joined and have not left
+	idle     chan struct{} // closed when a claim in flight ends (leave waits on it)
+	prefetch               // the buffer of jobs claimed ahead
+	waiters  []*acquiree   // FIFO
+	querying bool          // a claim goroutine runs for this domain
+	pending  bool          // woken while querying: query again
+	parked   bool          // the last claim came back short: wait for a wake
+	poll     *acqTimer     // backup poll, armed while parked
+	retry    *acqTimer     // after a failed claim, or one that skipped locked jobs
 	errs     backoff.BackOff
 	skips    backoff.BackOff
 }
@@ -110,18 +123,25 @@ func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*Job, error) 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	w := &acquiree{ch: make(chan acquired, 1)}
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
 		return nil, ErrClosed
 	}
-	d := a.domains[spec.key]
-	if d == nil {
-		d = &domain{spec: spec, errs: newBackoff(100*time.Millisecond, 5*time.Second, 0),
-			skips: newBackoff(5*time.Millisecond, time.Second, 0)}
-		a.domains[spec.key] = d
+	d := a.domainLocked(spec)
+	if len(d.waiters) == 0 {
+		if job := d.takeLocked(time.Now()); job != nil {
+			a.maybeClaimLocked(d) // refill
+			a.mu.Unlock()
+			return job, nil
+		}
+		// The first to come back to an empty domain queries at once, as
+		// if the domain were new.
+		d.parked = false
+		a.stopTimer(&d.poll)
 	}
+	w := &acquiree{ch: make(chan acquired, 1)}
+	d.tickLocked(time.Now(), len(d.waiters))
 	d.waiters = append(d.waiters, w)
 	a.maybeClaimLocked(d)
 	a.mu.Unlock()
@@ -150,6 +170,62 @@ func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*Job, error) 
 	return r.job, ctx.Err()
 }
 
+// domainLocked returns spec's domain, making it if needed.
+func (a *acquirer) domainLocked(spec *domainSpec) *domain {
+	d := a.domains[spec.key]
+	if d == nil {
+		d = &domain{spec: spec, errs: newBackoff(100*time.Millisecond, 5*time.Second, 0),
+			skips: newBackoff(5*time.Millisecond, time.Second, 0)}
+		a.domains[spec.key] = d
+	}
+	return d
+}
+
+// join registers a Work call of workers worker goroutines with its
+// domain, prefetching up to prefetch jobs for it (0: none). Every join
+// must be followed by leave.
+func (a *acquirer) join(spec *domainSpec, workers, prefetch int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d := a.domainLocked(spec)
+	d.users++
+	d.workers += workers
+	d.max = max(d.max, prefetch)
+}
+
+// leave unregisters a Work call whose acquirees have all returned. When it
+// was the domain's last, leave waits for a claim still in flight and
+// returns the jobs the buffer holds, which the caller must release (so
+// they are accounted to that Work call).
+func (a *acquirer) leave(spec *domainSpec, workers int) []*Job {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d := a.domains[spec.key]
+	if d == nil {
+		return nil
+	}
+	d.users--
+	d.workers -= workers
+	if d.users > 0 {
+		return nil
+	}
+	for d.querying {
+		if d.idle == nil {
+			d.idle = make(chan struct{})
+		}
+		ch := d.idle
+		a.mu.Unlock()
+		<-ch
+		a.mu.Lock()
+	}
+	if d.users > 0 { // another Work call joined meanwhile: it keeps the buffer
+		return nil
+	}
+	jobs := d.drainLocked()
+	a.gcLocked(d)
+	return jobs
+}
+
 func (d *domain) indexLocked(w *acquiree) int {
 	for i, x := range d.waiters {
 		if x == w {
@@ -160,6 +236,7 @@ func (d *domain) indexLocked(w *acquiree) int {
 }
 
 func (d *domain) removeLocked(w *acquiree) bool {
+	d.tickLocked(time.Now(), len(d.waiters))
 	for i, x := range d.waiters {
 		if x == w {
 			d.waiters = append(d.waiters[:i:i], d.waiters[i+1:]...)
@@ -172,7 +249,7 @@ func (d *domain) removeLocked(w *acquiree) bool {
 // maybeClaimLocked starts the domain's claim goroutine when it has waiters
 // and nothing holds it back.
 func (a *acquirer) maybeClaimLocked(d *domain) {
-	if a.closed || d.querying || d.parked || d.retry != nil || len(d.waiters) == 0 {
+	if a.closed || d.querying || d.parked || d.retry != nil || len(d.waiters) == 0 && !d.lowLocked() {
 		return
 	}
 	d.querying = true
@@ -191,14 +268,17 @@ func (a *acquirer) claimLoop(d *domain) {
 				k++
 			}
 		}
+		k += d.deficitLocked()
 		if k == 0 || a.closed {
 			d.answerGoneLocked()
-			d.querying = false
+			a.endClaimLocked(d)
 			a.gcLocked(d)
 			a.mu.Unlock()
 			return
 		}
 		d.pending = false
+		started := time.Now()
+		d.startClaimLocked(started, len(d.waiters))
 		a.mu.Unlock()
 
 		res, err := a.store.claim(a.ctx, d.spec, k)
@@ -212,20 +292,29 @@ func (a *acquirer) claimLoop(d *domain) {
 		}
 
 		a.mu.Lock()
+		now := time.Now()
+		d.claimedLocked(now.Sub(started))
 		n := min(len(jobs), len(d.waiters))
 		if a.closed {
 			n = 0 // every job is surplus: released below
 		}
+		d.tickLocked(now, len(d.waiters))
 		for i := range n {
+			d.handLocked(jobs[i], now)
 			d.waiters[i].ch <- acquired{job: jobs[i]}
 		}
 		d.waiters = append([]*acquiree(nil), d.waiters[n:]...)
 		d.answerGoneLocked()
-		surplus := jobs[n:] // only if the acquirer closed during the claim
+		var surplus []*Job // only if the acquirer closed during the claim
+		if a.closed {
+			surplus = jobs[n:]
+		} else {
+			d.putLocked(jobs[n:])
+		}
 
 		switch {
 		case err != nil:
-			d.querying = false
+			a.endClaimLocked(d)
 			if a.closed || a.ctx.Err() != nil {
 				a.gcLocked(d)
 				a.mu.Unlock()
@@ -251,7 +340,7 @@ func (a *acquirer) claimLoop(d *domain) {
 			// by a transaction adding a dependent (possibly for as long as
 			// the caller's transaction lasts). Look again soon, backing off.
 			d.errs.Reset()
-			d.querying = false
+			a.endClaimLocked(d)
 			a.retryLocked(d, d.skips.NextBackOff())
 			a.gcLocked(d)
 			a.mu.Unlock()
@@ -260,17 +349,23 @@ func (a *acquirer) claimLoop(d *domain) {
 		default:
 			d.errs.Reset()
 			d.skips.Reset()
-			d.querying = false
+			a.endClaimLocked(d)
 			d.parked = true
 			a.armPollLocked(d)
-			if res.next >= 0 {
-				a.armDueLocked(d, res.next)
-			}
 			a.gcLocked(d)
 			a.mu.Unlock()
 			a.store.release(surplus)
 			return
 		}
+	}
+}
+
+// endClaimLocked ends the domain's claim goroutine's clearance.
+func (a *acquirer) endClaimLocked(d *domain) {
+	d.querying = false
+	if d.idle != nil {
+		close(d.idle)
+		d.idle = nil
 	}
 }
 
@@ -307,7 +402,6 @@ func (a *acquirer) wakeLocked(d *domain) {
 	}
 	d.parked = false
 	a.stopTimer(&d.poll)
-	a.stopTimer(&d.due)
 	a.stopTimer(&d.retry)
 	a.maybeClaimLocked(d)
 }
@@ -326,32 +420,16 @@ func (a *acquirer) armPollLocked(d *domain) {
 	})
 }
 
-// armDueLocked makes the domain query in `in`, unless a timer fires sooner.
-func (a *acquirer) armDueLocked(d *domain, in time.Duration) {
-	at := time.Now().Add(in)
-	if d.due != nil && !d.dueAt.After(at) {
-		return
-	}
-	a.stopTimer(&d.due)
-	d.dueAt = at
-	d.due = a.afterFuncLocked(in, func(t *acqTimer) {
-		if d.due == t {
-			d.due = nil
-			a.wakeLocked(d)
-		}
-	})
-}
-
-// gcLocked deletes a domain nobody waits in, stopping its timers. Its
-// parked state goes with it: the next acquiree to arrive queries at once.
+// gcLocked stops the timers of a domain nobody waits in (the next
+// acquiree to arrive queries at once), and deletes it when no Work call
+// has joined it and it holds no job.
 func (a *acquirer) gcLocked(d *domain) {
 	if len(d.waiters) > 0 || d.querying {
 		return
 	}
 	a.stopTimer(&d.poll)
-	a.stopTimer(&d.due)
 	a.stopTimer(&d.retry)
-	if a.domains[d.spec.key] == d {
+	if d.users <= 0 && len(d.buf) == 0 && a.domains[d.spec.key] == d {
 		delete(a.domains, d.spec.key)
 	}
 }
@@ -380,17 +458,18 @@ func (a *acquirer) stopTimer(p **acqTimer) {
 }
 
 // post wakes every domain the posting matches (same rule as the claim's
-// SQL), or arms their run_at timers when the jobs are due later.
+// SQL). A posting of scheduled jobs goes to scheduled instead.
 func (a *acquirer) post(p posting) {
+	if p.Sched {
+		if a.scheduled != nil {
+			a.scheduled(time.Duration(p.In) * time.Millisecond)
+		}
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, d := range a.domains {
-		if !d.spec.matches(p.Type, p.Tags) {
-			continue
-		}
-		if p.In > 0 {
-			a.armDueLocked(d, time.Duration(p.In)*time.Millisecond)
-		} else {
+		if d.spec.matches(p.Type, p.Tags) {
 			a.wakeLocked(d)
 		}
 	}
@@ -409,6 +488,7 @@ func (a *acquirer) wakeAll() {
 // close fails every waiting acquire with ErrClosed, stops all timers and
 // waits for the claim goroutines and timer callbacks to finish. Idempotent.
 func (a *acquirer) close() {
+	var buffered []*Job
 	a.mu.Lock()
 	if !a.closed {
 		a.closed = true
@@ -424,11 +504,14 @@ func (a *acquirer) close() {
 				d.waiters = nil
 			}
 			a.stopTimer(&d.poll)
-			a.stopTimer(&d.due)
 			a.stopTimer(&d.retry)
+			buffered = append(buffered, d.drainLocked()...)
 		}
 	}
 	a.mu.Unlock()
+	// The buffers go back. A claim in flight puts nothing in its buffer
+	// once the acquirer is closed: it releases what it took.
+	a.store.release(buffered)
 	// Let claims in flight finish, so jobs they took are released rather
 	// than left running until their leases expire; cut them off if the
 	// database does not answer.

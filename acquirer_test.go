@@ -30,6 +30,7 @@ type fakeStore struct {
 	errs     []error       // returned by the next claims, in order
 	gate     chan struct{} // when set, each claim waits for one receive
 	entered  chan string   // when set, each claim reports its domain on entry
+	delay    time.Duration // each claim takes this long (fake time)
 }
 
 type fakeJob struct {
@@ -69,6 +70,9 @@ func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k int) (claimResul
 		case <-ctx.Done():
 		}
 	}
+	if f.delay > 0 {
+		<-time.After(f.delay)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	defer func() { f.inFlight[d.key] = false }()
@@ -80,17 +84,13 @@ func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k int) (claimResul
 	}
 	now := time.Now()
 	var took []*Job
-	next := time.Duration(-1)
 	rest := f.jobs[:0:0]
 	for _, fj := range f.jobs {
 		if !d.matches(fj.job.Type, fj.job.Tags) {
 			rest = append(rest, fj)
 			continue
 		}
-		if fj.dueAt.After(now) {
-			if in := fj.dueAt.Sub(now); next < 0 || in < next {
-				next = in
-			}
+		if fj.dueAt.After(now) { // scheduled: not claimable yet
 			rest = append(rest, fj)
 			continue
 		}
@@ -102,16 +102,13 @@ func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k int) (claimResul
 	}
 	f.jobs = rest
 	f.calls = append(f.calls, fakeCall{key: d.key, k: k, took: len(took)})
-	if len(took) == k {
-		next = -1
-	}
 	skipped := false
 	if len(took) < k && len(f.locked) > 0 {
 		for _, fj := range f.locked {
 			skipped = skipped || (d.matches(fj.job.Type, fj.job.Tags) && !fj.dueAt.After(now))
 		}
 	}
-	return claimResult{jobs: took, next: next, skipped: skipped}, nil
+	return claimResult{jobs: took, skipped: skipped}, nil
 }
 
 // lock holds a job as another transaction would: claims skip it.
@@ -515,27 +512,30 @@ func TestAcquirerWakeAllAfterReconnect(t *testing.T) {
 	})
 }
 
-func TestAcquirerRunAtTimerWakesDomain(t *testing.T) {
+func TestAcquirerPostingForLaterGoesToThePromoter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newFakeStore()
 		a := newTestAcquirer(t, st)
-		want := st.add("a", nil, 5*time.Second)
+		var heard []time.Duration
+		a.scheduled = func(in time.Duration) { heard = append(heard, in) }
 		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
 		synctest.Wait()
 		ta.requireBlocked()
+		calls := st.callCount()
+
+		// Jobs due later are the promoter's: the parked domain does not
+		// query for them, then or at their run_at.
+		st.add("a", nil, 3*time.Second)
+		a.post(schedPosting(3 * time.Second))
+		require.Equal(t, []time.Duration{3 * time.Second}, heard)
 		advance(4 * time.Second)
 		ta.requireBlocked()
-		advance(time.Second)
-		require.Equal(t, want.ID, ta.success().ID)
-		require.Equal(t, 2, st.callCount())
+		require.Equal(t, calls, st.callCount())
 
-		// A posting for a job due later arms the timer of a parked domain.
-		ta = startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		// The promoter's announcement (In 0) wakes it.
+		a.post(posting{Type: "a"})
 		synctest.Wait()
-		want = st.add("a", nil, 3*time.Second)
-		a.post(posting{Type: "a", In: 3000})
-		advance(3 * time.Second)
-		require.Equal(t, want.ID, ta.success().ID)
+		ta.success()
 	})
 }
 
@@ -596,4 +596,149 @@ func (a *acquirer) checkIdle() error {
 		errs = append(errs, fmt.Errorf("domain %q still present (waiters %d, querying %v)", k, len(d.waiters), d.querying))
 	}
 	return errors.Join(errs...)
+}
+
+// drainWorkers runs n workers that take jobs of d until want jobs were
+// taken in all, and returns every job handed out, in order.
+func drainWorkers(t *testing.T, a *acquirer, d *domainSpec, n, want int) []*Job {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var got []*Job
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for {
+				j, err := a.acquire(ctx, d)
+				mu.Lock()
+				if j != nil {
+					got = append(got, j)
+				}
+				if len(got) >= want {
+					cancel()
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return got
+}
+
+func requireDistinct(t *testing.T, jobs ...[]*Job) int {
+	t.Helper()
+	seen := map[*Job]bool{}
+	for _, js := range jobs {
+		for _, j := range js {
+			require.False(t, seen[j], "job %s handed out twice", j.ID)
+			seen[j] = true
+		}
+	}
+	return len(seen)
+}
+
+func TestAcquirerPrefetchFollowsDemand(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		st.delay = 10 * time.Millisecond
+		a := newTestAcquirer(t, st)
+		for range 5000 {
+			st.add("a", nil, 0)
+		}
+		d := spec(t, []string{"a"}, nil)
+		a.join(d, 4, 500)
+		got := drainWorkers(t, a, d, 4, 4000)
+		left := a.leave(d, 4)
+		require.Equal(t, len(got)+len(left), requireDistinct(t, got, left))
+		require.GreaterOrEqual(t, len(got), 4000)
+
+		// Claims took far more than the 4 workers waiting: the buffer
+		// served them while the next claim ran, so a few claims did.
+		maxK := 0
+		for _, c := range st.calls {
+			maxK = max(maxK, c.k)
+		}
+		require.Greater(t, maxK, 100)
+		require.LessOrEqual(t, maxK, 4+500)
+		require.Less(t, st.callCount(), 4000/10, "claims did not batch")
+		st.mu.Lock()
+		require.Len(t, st.jobs, 5000-len(got)-len(left), "claimed jobs are handed out or given back")
+		st.mu.Unlock()
+	})
+}
+
+func TestAcquirerPrefetchOffClaimsForWaitersOnly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		st.delay = 10 * time.Millisecond
+		a := newTestAcquirer(t, st)
+		for range 400 {
+			st.add("a", nil, 0)
+		}
+		d := spec(t, []string{"a"}, nil)
+		a.join(d, 4, 0)
+		got := drainWorkers(t, a, d, 4, 300)
+		require.Empty(t, a.leave(d, 4))
+		requireDistinct(t, got)
+		for _, c := range st.calls {
+			require.LessOrEqual(t, c.k, 4)
+		}
+	})
+}
+
+// TestAcquirerSlowHandlersPrefetchNothing: workers that take long per job
+// leave the buffer (almost) empty: nothing is kept back from other
+// processes.
+func TestAcquirerSlowHandlersPrefetchNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		st.delay = time.Millisecond
+		a := newTestAcquirer(t, st)
+		for range 1000 {
+			st.add("a", nil, 0)
+		}
+		d := spec(t, []string{"a"}, nil)
+		a.join(d, 4, 1000)
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				for n := 0; n < 25; n++ {
+					if _, err := a.acquire(ctx, d); err != nil {
+						return
+					}
+					<-time.After(time.Second) // the handler's work, in fake time
+				}
+			})
+		}
+		wg.Wait()
+		cancel()
+		left := a.leave(d, 4)
+		require.LessOrEqual(t, len(left), 2, "slow handlers kept jobs back")
+	})
+}
+
+func TestAcquirerCloseReleasesTheBuffer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		st.delay = 10 * time.Millisecond
+		a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), testPoll, 0)
+		for range 3000 {
+			st.add("a", nil, 0)
+		}
+		d := spec(t, []string{"a"}, nil)
+		a.join(d, 4, 1000)
+		got := drainWorkers(t, a, d, 4, 2000)
+		a.close()
+		st.mu.Lock()
+		released := st.released
+		st.mu.Unlock()
+		require.NotEmpty(t, released, "the buffer goes back")
+		requireDistinct(t, got, released)
+		require.Empty(t, a.leave(d, 4))
+		st.check(t)
+	})
 }

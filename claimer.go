@@ -47,7 +47,7 @@ func (c *claimer) claim(ctx context.Context, d *domainSpec, k int) (claimResult,
 			MaxAttempts: r.MaxAttempts, Priority: r.Priority, Timeout: r.Timeout, CreatedAt: r.CreatedAt,
 			RunAt: r.RunAt, token: r.Token, lease: held[i], waited: r.Waited}
 	}
-	return claimResult{jobs: jobs, next: res.Next, skipped: res.Skipped}, nil
+	return claimResult{jobs: jobs, skipped: res.Skipped}, nil
 }
 
 // release gives jobs back at once, keeping their place (run_at), without

@@ -53,8 +53,13 @@ type completer struct {
 	log      *slog.Logger
 	announce announcer
 
+	// inPlace is called after a write that may have left finished jobs in
+	// the jobs table (the graph path): the retirer moves them.
+	inPlace func()
+
 	mu       sync.Mutex
 	queue    []*finishReq
+	graph    []*finishReq // outcomes of jobs with dependents: FinishGraph
 	held     int
 	space    chan struct{} // closed when held drops below maxHeldOutcomes
 	wake     chan struct{} // buffer of 1: submit never blocks
@@ -137,32 +142,51 @@ func (c *completer) loop(ctx context.Context) {
 	}
 }
 
-// flush writes every queued outcome, in batches of at most maxFinishBatch.
+// flush writes every queued outcome, in batches of at most
+// maxFinishBatch: first in the one-statement finish, then, for jobs that
+// turned out to have dependents, in the transactional one.
 func (c *completer) flush(ctx context.Context) {
-	for {
+	take := func(q *[]*finishReq) []*finishReq {
 		c.mu.Lock()
-		n := min(len(c.queue), maxFinishBatch)
-		batch := c.queue[:n:n]
-		c.queue = c.queue[n:]
-		if len(c.queue) == 0 {
-			c.queue = nil
+		defer c.mu.Unlock()
+		n := min(len(*q), maxFinishBatch)
+		batch := (*q)[:n:n]
+		*q = (*q)[n:]
+		if len(*q) == 0 {
+			*q = nil
 		}
-		c.mu.Unlock()
-		if n == 0 {
-			return
+		return batch
+	}
+	for {
+		if batch := take(&c.queue); len(batch) > 0 {
+			c.write(ctx, batch, writeFast)
+			continue
 		}
-		c.write(ctx, batch)
+		if batch := take(&c.graph); len(batch) > 0 {
+			c.write(ctx, batch, writeGraph)
+			continue
+		}
+		return
 	}
 }
 
+// writeMode says which finish statement a write uses.
+type writeMode uint8
+
+const (
+	writeFast  writeMode = iota // store.Finish: one statement, no dependents
+	writeGraph                  // store.FinishGraph, skipping busy rows
+	writeWait                   // store.FinishGraph, waiting for busy rows (slow lane)
+)
+
 // write records a batch, isolating failures, and retries what a transient
 // error held back until it is written.
-func (c *completer) write(ctx context.Context, batch []*finishReq) {
+func (c *completer) write(ctx context.Context, batch []*finishReq, mode writeMode) {
 	w := isolate.Writer[*finishReq]{
 		Write: func(ctx context.Context, rs []*finishReq) error {
 			ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			return c.writeBatch(ctx, rs, false)
+			return c.writeBatch(ctx, rs, mode)
 		},
 		Busy:   c.toSlow,
 		Poison: c.poison,
@@ -183,34 +207,64 @@ func (c *completer) write(ctx context.Context, batch []*finishReq) {
 	}
 }
 
-// writeBatch writes rs in one store.Finish and settles each outcome:
-// written, refused (the lease is gone) or busy (to the slow lane).
-func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, wait bool) error {
+// writeBatch writes rs in one finish and settles each outcome: written,
+// refused (the lease is gone), busy (tried again, then the slow lane) or,
+// in the fast statement, one with dependents (to the graph queue).
+func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, mode writeMode) error {
 	fs := make([]store.Finish, len(rs))
 	for i, r := range rs {
 		fs[i] = r.f
 	}
-	res, err := c.store.Finish(ctx, fs, wait)
+	var res store.FinishResult
+	var err error
+	if mode == writeFast {
+		res, err = c.store.Finish(ctx, fs)
+	} else {
+		res, err = c.store.FinishGraph(ctx, fs, mode == writeWait)
+	}
 	if err != nil {
 		return err
 	}
+	if mode != writeFast && c.inPlace != nil {
+		c.inPlace()
+	}
 	var again []posting
+	var graph []*finishReq
 	for _, r := range rs {
 		switch res.Status[r.f.ID] {
 		case store.Written:
-			if res.State[r.f.ID] == string(StateAvailable) {
-				again = append(again, posting{Type: r.job.Type, Tags: r.job.Tags, In: max(r.f.Delay.Milliseconds(), 0)})
+			switch State(res.State[r.f.ID]) {
+			case StateAvailable:
+				again = append(again, posting{Type: r.job.Type, Tags: r.job.Tags})
+			case StateScheduled:
+				again = append(again, schedPosting(r.f.Delay))
 			}
 			c.settle(r, true)
 		case store.Busy:
 			c.busy(r)
+		case store.Graph:
+			graph = append(graph, r)
 		default:
 			c.log.Warn("backlog: outcome refused: lease lost", "job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
 			c.settle(r, false)
 		}
 	}
 	c.announce.committed(append(again, postingsOf(res.Avail)...))
+	if len(graph) > 0 {
+		c.mu.Lock()
+		c.graph = append(c.graph, graph...)
+		c.mu.Unlock()
+		c.kick()
+	}
 	return nil
+}
+
+// kick makes the writer loop flush (never blocks).
+func (c *completer) kick() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
 }
 
 // poison fails a job whose outcome could not be written for a reason tied
@@ -218,9 +272,12 @@ func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, wait bool) 
 func (c *completer) poison(ctx context.Context, r *finishReq, cause error) error {
 	reason := fmt.Errorf("backlog: recording the job's outcome (%s) failed, so the job fails instead: %w", r.f.State, cause)
 	f := store.Finish{ID: r.f.ID, Token: r.f.Token, State: string(StateFailed), Err: errText(reason)}
-	res, err := c.store.Finish(ctx, []store.Finish{f}, true)
+	res, err := c.store.FinishGraph(ctx, []store.Finish{f}, true)
 	if err != nil {
 		return err
+	}
+	if c.inPlace != nil {
+		c.inPlace()
 	}
 	written := res.Status[f.ID] == store.Written
 	if written {
@@ -290,10 +347,7 @@ func (c *completer) busy(r *finishReq) {
 	c.mu.Lock()
 	c.queue = append(c.queue, r)
 	c.mu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.kick()
 }
 
 // toSlow hands an outcome whose row was busy to the slow lane.
@@ -360,7 +414,7 @@ func (c *completer) slowLoop() {
 // to blame).
 func (c *completer) writeSlow(ctx context.Context, r *finishReq) {
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err := c.writeBatch(wctx, []*finishReq{r}, true)
+	err := c.writeBatch(wctx, []*finishReq{r}, writeWait)
 	if err != nil && !pgerr.Transient(err) && !pgerr.Busy(err) {
 		err = c.poison(wctx, r, err)
 	}

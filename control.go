@@ -39,6 +39,9 @@ func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (State, error) {
 		return "", q.readErr(ctx, fmt.Errorf("cancelling job %s: %w", id, err))
 	}
 	q.announce.committed(postingsOf(out.Avail))
+	if out.State == string(StateCancelled) {
+		q.maint.retireSoon() // written in place, with its dependents
+	}
 	if out.Requested {
 		// In poll-only mode no NOTIFY arrives; stop a local handler now.
 		q.leases.cancel(id)

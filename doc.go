@@ -1,7 +1,9 @@
 // Package backlog is an embeddable job queue backed by PostgreSQL.
 //
 // A [Queue] wraps the application's own [*pgxpool.Pool]. Jobs are rows in
-// one table (schema "backlog" by default, created by [Queue.Migrate]).
+// one table while they live (schema "backlog" by default, created by
+// [Queue.Migrate]) and move to a history table, partitioned by expiry, once
+// they finish.
 // [Queue.Enqueue] inserts them, alone or inside the caller's transaction
 // ([Queue.EnqueueTx]), and [Queue.Work] runs them with a [Handler] in as
 // many processes as needed: PostgreSQL is the only coordinator.

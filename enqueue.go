@@ -123,22 +123,35 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, own bool, specs []Jo
 	}
 	rows := make([]store.NewJob, len(jobs))
 	out := make([]Inserted, len(jobs))
-	posts := make([]posting, 0, 1)
+	avail := make([]posting, 0, 1) // if the database makes them available
 	for i, j := range jobs {
 		rows[i], out[i] = j.NewJob, Inserted{ID: j.ID}
-		posts = append(posts, postingOf(j.Type, j.Tags, j.Delay, j.RunAt))
+		avail = append(avail, postingOf(j.Type, j.Tags))
 	}
-	posts = dedupePostings(posts)
+	avail = dedupePostings(avail)
+	// The postings of what the database decided: available now, or
+	// scheduled (by its clock).
+	postsOf := func(r store.InsertResult) []posting {
+		var ps []posting
+		if r.Available > 0 {
+			ps = avail
+		}
+		if r.SchedIn >= 0 {
+			ps = append(ps[:len(ps):len(ps)], schedPosting(r.SchedIn))
+		}
+		return ps
+	}
 
 	if tx != nil {
-		if err := q.store.Insert(ctx, tx, rows, nil); err != nil {
+		r, err := q.store.Insert(ctx, tx, rows, nil)
+		if err != nil {
 			return nil, nil, q.enqueueErr(len(rows), err)
 		}
 		if own {
-			return out, posts, nil
+			return out, postsOf(r), nil
 		}
 		// Delivered only if the caller's transaction commits.
-		if err := q.announce.inTx(ctx, tx, posts); err != nil {
+		if err := q.announce.inTx(ctx, tx, postsOf(r)); err != nil {
 			return nil, nil, q.enqueueErr(len(rows), err)
 		}
 		return out, nil, nil
@@ -148,9 +161,9 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, own bool, specs []Jo
 	var payloads []string
 	inline, done := q.announce.inline()
 	if inline {
-		payloads = encodePostings(posts)
+		payloads = encodePostings(avail)
 	}
-	err = q.store.Insert(ctx, q.pool, rows, payloads)
+	r, err := q.store.Insert(ctx, q.pool, rows, payloads)
 	if done != nil {
 		done()
 	}
@@ -158,7 +171,7 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, own bool, specs []Jo
 		return nil, nil, q.enqueueErr(len(rows), err)
 	}
 	if !inline {
-		q.announce.committed(posts)
+		q.announce.committed(postsOf(r))
 	}
 	return out, nil, nil
 }
@@ -186,8 +199,12 @@ func (q *Queue) insertGraph(ctx context.Context, tx pgx.Tx, own bool, jobs []sto
 		out, posts = make([]Inserted, len(res.Jobs)), postingsOf(res.Locked)
 		for i, r := range res.Jobs {
 			out[i] = Inserted{ID: r.ID, Duplicate: r.Duplicate}
-			if !r.Duplicate && r.State == string(StateAvailable) {
-				posts = append(posts, postingOf(r.Type, r.Tags, r.Delay, r.RunAt))
+			switch {
+			case r.Duplicate:
+			case r.State == string(StateAvailable):
+				posts = append(posts, postingOf(r.Type, r.Tags))
+			case r.State == string(StateScheduled):
+				posts = append(posts, schedPosting(r.In))
 			}
 		}
 		posts = dedupePostings(posts)

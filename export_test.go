@@ -13,9 +13,16 @@ import (
 func WithClock(f func() time.Time) Option { return queueOption(func(c *config) { c.clock = f }) }
 
 // FinishForTest writes one finish through the store, past every check the
-// client makes first: the database's fence alone decides.
-func FinishForTest(ctx context.Context, q *Queue, id, token uuid.UUID, state string) error {
-	_, err := q.store.Finish(ctx, []store.Finish{{ID: id, Token: token, State: state}}, true)
+// client makes first: the database's fence alone decides. graph picks the
+// transactional finish (jobs with dependents) over the one-statement one.
+func FinishForTest(ctx context.Context, q *Queue, id, token uuid.UUID, state string, graph bool) error {
+	f := []store.Finish{{ID: id, Token: token, State: state}}
+	var err error
+	if graph {
+		_, err = q.store.FinishGraph(ctx, f, true)
+	} else {
+		_, err = q.store.Finish(ctx, f)
+	}
 	return err
 }
 

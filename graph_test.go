@@ -216,7 +216,7 @@ func TestDependentAddedWhileFinishing(t *testing.T) {
 		res, err := e.q.InsertMany(ctx, nil, []backlog.JobSpec{{Type: "dep", Options: []backlog.EnqueueOption{backlog.DependsOn(pre)}}})
 		require.NoError(t, err)
 		var blocked bool
-		require.NoError(t, e.pool.QueryRow(ctx, `SELECT blocked_by > 0 OR state = 'blocked' FROM "`+e.schema+`".jobs WHERE id = $1`, res[0].ID).Scan(&blocked))
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT COALESCE((SELECT blocked_by > 0 OR state = 'blocked' FROM "`+e.schema+`".jobs WHERE id = $1), false)`, res[0].ID).Scan(&blocked))
 		if blocked {
 			withDeps++
 		}

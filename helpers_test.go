@@ -119,6 +119,16 @@ func (e *env) count(where string, args ...any) int {
 	e.t.Helper()
 	var n int
 	require.NoError(e.t, e.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM "`+e.schema+`".all_jobs WHERE `+where, args...).Scan(&n))
+	return n
+}
+
+// countLive counts the rows of the hot table (live jobs, and finished ones
+// not yet moved to job_history) matching where.
+func (e *env) countLive(where string, args ...any) int {
+	e.t.Helper()
+	var n int
+	require.NoError(e.t, e.pool.QueryRow(context.Background(),
 		`SELECT count(*) FROM "`+e.schema+`".jobs WHERE `+where, args...).Scan(&n))
 	return n
 }

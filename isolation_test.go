@@ -51,7 +51,15 @@ BEGIN
 	END IF;
 	RETURN NEW;
 END $$;
-CREATE TRIGGER poison_insert BEFORE INSERT ON `+s+`.jobs FOR EACH ROW EXECUTE FUNCTION `+s+`.poison_insert();`)
+CREATE TRIGGER poison_insert BEFORE INSERT ON `+s+`.jobs FOR EACH ROW EXECUTE FUNCTION `+s+`.poison_insert();
+CREATE FUNCTION `+s+`.poison_history() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF NEW.args->>'poison' = 'complete' AND NEW.state = 'completed' THEN
+		RAISE EXCEPTION 'poison: refuses completion';
+	END IF;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER poison_history BEFORE INSERT ON `+s+`.job_history FOR EACH ROW EXECUTE FUNCTION `+s+`.poison_history();`)
 	require.NoError(e.t, err)
 }
 

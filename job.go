@@ -12,12 +12,16 @@ import (
 // State is where a job is in its life.
 type State string
 
-// The states of a job. A job moves blocked → available → running →
-// completed | failed | cancelled, and running → available for a retry or a
-// snooze.
+// The states of a job. A job moves blocked → scheduled → available →
+// running → completed | failed | cancelled, skipping blocked when it has no
+// unfinished prerequisite and scheduled when it is due at once; a retry or
+// a snooze moves it from running back to scheduled (or available, when due
+// at once). Finished jobs are kept for the retention of their state (see
+// WithRetention).
 const (
 	StateBlocked   State = "blocked"   // waiting for prerequisites
-	StateAvailable State = "available" // may be claimed once run_at has passed
+	StateScheduled State = "scheduled" // due later: becomes available at run_at
+	StateAvailable State = "available" // due: may be claimed
 	StateRunning   State = "running"   // claimed under a lease
 	StateCompleted State = "completed" // the handler succeeded
 	StateFailed    State = "failed"    // attempts exhausted or a permanent error

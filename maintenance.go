@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/backlogq/backlog/internal/store"
@@ -13,51 +14,206 @@ import (
 // Batch sizes of the maintenance statements: small, so no statement holds
 // many row locks or runs long.
 const (
-	sweepBatch = 500
-	cleanBatch = 1000
+	sweepBatch   = 500
+	cleanBatch   = 1000
+	retireBatch  = 1000
+	promoteBatch = 1000
 	// cleanMaxBatches bounds one cleaner pass; the next pass goes on.
 	cleanMaxBatches = 100
+	// promoteGap is the least time between two promotions of a process:
+	// scheduled jobs due within it are promoted together.
+	promoteGap = 10 * time.Millisecond
+	// sweepSlack is how long after a lease's expiry the sweep looks, at
+	// most (jittered from a tenth of it), so that many processes do not
+	// sweep in step.
+	sweepSlack = 300 * time.Millisecond
 )
 
-// maintenance is the Queue's maintenance service: the expired-lease sweep
-// every sweep interval and the cleaner every clean interval, each jittered
-// by ±20 % so that many processes do not run in step. Any number of
-// processes may run it: both skip rows another one holds.
+// maintenance is the Queue's maintenance service. Any number of processes
+// may run it: every statement skips rows another one holds.
+//   - The promoter makes scheduled jobs available when they are due and
+//     announces them. It sleeps until the earliest scheduled job it knows
+//     of: it learns of new ones from postings (scheduled) and, as a backup,
+//     looks every poll interval.
+//   - The expired-lease sweep runs just after the earliest lease of a
+//     running job expires (so a crashed worker's jobs run again about a
+//     lease after it stopped renewing them), and at least every sweep
+//     interval.
+//   - The retirer moves finished jobs that the graph paths wrote in place
+//     into job_history, soon after such a write (retireSoon) and on every
+//     sweep.
+//   - The cleaner drops expired job_history partitions, creates the ones
+//     needed ahead, and trims periodic_runs, every clean interval.
+//
+// Intervals are jittered by ±20 % so that processes do not run in step.
 type maintenance struct {
 	run      runner
 	store    *store.Store
 	cfg      *config
 	log      *slog.Logger
 	announce announcer
+
+	mu        sync.Mutex
+	promoteAt time.Time // earliest known scheduled job; zero: none known
+	retire    bool      // retire soon
+	kick      chan struct{}
+}
+
+func newMaintenance(st *store.Store, cfg *config, log *slog.Logger, a announcer) *maintenance {
+	return &maintenance{store: st, cfg: cfg, log: log, announce: a, kick: make(chan struct{}, 1)}
 }
 
 func (m *maintenance) start() { m.run.start(m.loop) }
 func (m *maintenance) stop()  { m.run.stop() }
 
-func (m *maintenance) loop(ctx context.Context) {
-	jitter := func(d time.Duration) time.Duration {
-		return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
+// scheduled hears that jobs become due in `in`.
+func (m *maintenance) scheduled(in time.Duration) {
+	at := time.Now().Add(in)
+	m.mu.Lock()
+	earlier := m.promoteAt.IsZero() || at.Before(m.promoteAt)
+	if earlier {
+		m.promoteAt = at
 	}
-	nextSweep := time.NewTimer(jitter(m.cfg.sweepInterval))
-	defer nextSweep.Stop()
-	nextClean := time.NewTimer(jitter(m.cfg.cleanInterval))
-	defer nextClean.Stop()
+	m.mu.Unlock()
+	if earlier {
+		m.wake()
+	}
+}
+
+// retireSoon asks for finished jobs written in place to be moved.
+func (m *maintenance) retireSoon() {
+	m.mu.Lock()
+	m.retire = true
+	m.mu.Unlock()
+	m.wake()
+}
+
+func (m *maintenance) wake() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
+}
+
+func (m *maintenance) loop(ctx context.Context) {
+	// Partitions first: a finish never fails without them (the default
+	// partition takes the rows), but retention is cheap only with them.
+	m.cleanPass(ctx)
+	nextClean := time.Now().Add(jitter(m.cfg.cleanInterval))
+	nextSweep := time.Now()
+	m.mu.Lock()
+	m.promoteAt = time.Now() // look once at start
+	m.mu.Unlock()
+	lastPromote := time.Time{}
+	t := time.NewTimer(0)
+	defer t.Stop()
 	for {
+		m.mu.Lock()
+		promoteAt, retire := m.promoteAt, m.retire
+		m.mu.Unlock()
+		if promoteAt.IsZero() {
+			promoteAt = lastPromote.Add(jitter(m.cfg.pollInterval)) // the backup look
+		}
+		promoteAt = maxTime(promoteAt, lastPromote.Add(promoteGap))
+		now := time.Now()
+		switch {
+		case !now.Before(promoteAt):
+			lastPromote = now
+			m.promotePass(ctx)
+			continue
+		case !now.Before(nextSweep):
+			nextSweep = now.Add(m.sweepPass(ctx))
+			continue
+		case retire:
+			m.retirePass(ctx)
+			continue
+		case !now.Before(nextClean):
+			m.cleanPass(ctx)
+			nextClean = now.Add(jitter(m.cfg.cleanInterval))
+			continue
+		}
+		wait := min(promoteAt.Sub(now), nextSweep.Sub(now), nextClean.Sub(now))
+		t.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
-		case <-nextSweep.C:
-			if _, err := m.sweep(ctx); err != nil && ctx.Err() == nil {
-				m.log.Warn("backlog: expired-lease sweep failed", "err", err)
-			}
-			nextSweep.Reset(jitter(m.cfg.sweepInterval))
-		case <-nextClean.C:
-			if _, err := m.clean(ctx); err != nil && ctx.Err() == nil {
-				m.log.Warn("backlog: cleaner failed", "err", err)
-			}
-			nextClean.Reset(jitter(m.cfg.cleanInterval))
+		case <-m.kick:
+			t.Stop()
+		case <-t.C:
 		}
 	}
+}
+
+// promotePass promotes every due scheduled job and learns when the next
+// one is due.
+func (m *maintenance) promotePass(ctx context.Context) {
+	m.mu.Lock()
+	m.promoteAt = time.Time{}
+	m.mu.Unlock()
+	n, next, err := m.promote(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn("backlog: promoting scheduled jobs failed", "err", err)
+			m.scheduled(time.Second) // try again
+		}
+		return
+	}
+	if n > 0 {
+		m.log.Debug("backlog: promoted scheduled jobs", "jobs", n)
+	}
+	if next >= 0 {
+		m.scheduled(next)
+	}
+}
+
+// promote promotes due scheduled jobs in batches and returns how many, and
+// the time until the next one (< 0: none). Jobs locked by another
+// transaction (another process promoting them, usually) are looked at
+// again shortly.
+func (m *maintenance) promote(ctx context.Context) (int, time.Duration, error) {
+	total := 0
+	for busy := 0; ; {
+		p, err := m.store.Promote(ctx, promoteBatch)
+		total += p.Jobs
+		m.announce.committed(postingsOf(p.Avail))
+		if err != nil {
+			return total, -1, classify(fmt.Errorf("promoting scheduled jobs: %w", err))
+		}
+		switch {
+		case !p.More:
+			return total, p.Next, nil
+		case p.Jobs == promoteBatch:
+			continue
+		case busy < 3:
+			busy++
+			continue
+		default:
+			return total, 50 * time.Millisecond, nil
+		}
+	}
+}
+
+// sweepPass sweeps expired leases and returns when to look again: just
+// after the earliest lease of a running job expires, and at least every
+// sweep interval.
+func (m *maintenance) sweepPass(ctx context.Context) time.Duration {
+	backup := jitter(m.cfg.sweepInterval)
+	if _, err := m.sweep(ctx); err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn("backlog: expired-lease sweep failed", "err", err)
+		}
+		return backup
+	}
+	m.retirePass(ctx)
+	in, ok, err := m.store.NextExpiry(ctx)
+	if err != nil || !ok {
+		return backup
+	}
+	return min(max(in, 0)+sweepSlack/10+rand.N(sweepSlack), backup)
 }
 
 func (m *maintenance) sweep(ctx context.Context) (int, error) {
@@ -75,27 +231,69 @@ func (m *maintenance) sweep(ctx context.Context) (int, error) {
 		if res.Swept < sweepBatch {
 			if total > 0 {
 				m.log.Info("backlog: swept expired leases", "jobs", total)
-			} else {
-				m.log.Debug("backlog: expired-lease sweep found nothing")
 			}
 			return total, nil
 		}
 	}
 }
 
-// CleanResult counts what one cleaner pass deleted.
+// retirePass moves finished jobs written in place into job_history.
+func (m *maintenance) retirePass(ctx context.Context) {
+	m.mu.Lock()
+	m.retire = false
+	m.mu.Unlock()
+	for range cleanMaxBatches {
+		n, err := m.store.Retire(ctx, retireBatch)
+		if err != nil {
+			if ctx.Err() == nil {
+				m.log.Warn("backlog: moving finished jobs to job_history failed", "err", classify(err))
+			}
+			return
+		}
+		if n < retireBatch {
+			return
+		}
+	}
+}
+
+// CleanResult counts what one cleaner pass did.
 type CleanResult struct {
-	Jobs          int // finished jobs past their retention
+	Partitions    int // expired job_history partitions dropped
+	Jobs          int // expired rows deleted from job_history's default partition
 	PeriodicRuns  int // periodic_runs rows past retention
 	Batches       int // statements run
 	MoreRemaining bool
 }
 
+func (m *maintenance) cleanPass(ctx context.Context) {
+	if _, err := m.clean(ctx); err != nil && ctx.Err() == nil {
+		m.log.Warn("backlog: cleaner failed", "err", err)
+	}
+	m.warnOldTransaction(ctx)
+}
+
+// warnOldTransaction logs the oldest open transaction of the database when
+// it is older than OldTransactionWarning: it keeps PostgreSQL from cleaning
+// up dead job rows, and claims slow down while they pile up.
+func (m *maintenance) warnOldTransaction(ctx context.Context) {
+	s, err := m.store.OldestSnapshot(ctx)
+	if err != nil || s == nil || s.Age < OldTransactionWarning {
+		return
+	}
+	m.log.Warn("backlog: an old transaction holds back the cleanup of dead job rows; claims slow down until it ends",
+		"kind", s.Kind, "pid", s.PID, "age", s.Age.Round(time.Second), "state", s.State, "application", s.Application, "query", s.Query)
+}
+
 func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {
 	var total CleanResult
+	if _, err := m.store.EnsurePartitions(ctx); err != nil {
+		// Not fatal: finishes fall back to the default partition.
+		m.log.Warn("backlog: creating job_history partitions failed", "err", classify(err))
+	}
 	for total.Batches < cleanMaxBatches {
-		r, err := m.store.Clean(ctx, m.cfg.keepCompleted, m.cfg.keepFailed, cleanBatch)
+		r, err := m.store.Clean(ctx, m.cfg.keepFailed, cleanBatch)
 		total.Batches++
+		total.Partitions += r.Partitions
 		total.Jobs += r.Jobs
 		total.PeriodicRuns += r.Runs
 		if err != nil {
@@ -106,11 +304,9 @@ func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {
 		}
 	}
 	total.MoreRemaining = total.Batches == cleanMaxBatches
-	if total.Jobs > 0 || total.PeriodicRuns > 0 {
-		m.log.Info("backlog: cleaner deleted finished jobs", "jobs", total.Jobs, "periodic_runs", total.PeriodicRuns,
-			"batches", total.Batches, "more", total.MoreRemaining)
-	} else {
-		m.log.Debug("backlog: cleaner found nothing to delete")
+	if total.Partitions > 0 || total.Jobs > 0 || total.PeriodicRuns > 0 {
+		m.log.Info("backlog: cleaner removed expired history", "partitions", total.Partitions, "jobs", total.Jobs,
+			"periodic_runs", total.PeriodicRuns, "batches", total.Batches, "more", total.MoreRemaining)
 	}
 	return total, nil
 }

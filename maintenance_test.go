@@ -8,60 +8,99 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
 )
 
-func TestRetentionDeletesOnlyExpiredFinishedJobs(t *testing.T) {
+func TestRetentionDropsExpiredHistory(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, backlog.WithRetention(time.Hour, 48*time.Hour))
 	ctx := context.Background()
+	s := `"` + e.schema + `"`
 	// Workers keep running other jobs while the cleaner works.
-	work(t, e.q, backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil }), backlog.Types("live"))
-	mk := func(n int, state string, age time.Duration) {
-		specs := make([]backlog.JobSpec, n)
-		for i := range specs {
-			specs[i] = backlog.JobSpec{Type: "old"}
-		}
-		ids, err := e.q.EnqueueMany(ctx, specs)
-		require.NoError(t, err)
-		_, err = e.pool.Exec(ctx, `UPDATE "`+e.schema+`".jobs SET state = $2,
-			finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled') THEN now() - $3 * interval '1 second' END
-			WHERE id = ANY($1)`, ids, state, age.Seconds())
+	mux := backlog.NewMux()
+	mux.HandleFunc("live", func(context.Context, *backlog.Job) error { return nil })
+	mux.HandleFunc("bad", func(context.Context, *backlog.Job) error { return backlog.Permanent(errors.New("no")) })
+	work(t, e.q, mux)
+
+	// Finished jobs move to job_history with their state's retention.
+	ok, err := e.q.Enqueue(ctx, "live", nil)
+	require.NoError(t, err)
+	bad, err := e.q.Enqueue(ctx, "bad", nil)
+	require.NoError(t, err)
+	e.waitState(ok, 10*time.Second, backlog.StateCompleted)
+	e.waitState(bad, 10*time.Second, backlog.StateFailed)
+	keep := func(id uuid.UUID) time.Duration {
+		var ms float64
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT extract(epoch FROM expires_at - finished_at) * 1000 FROM `+s+`.job_history WHERE id = $1`, id).Scan(&ms))
+		return time.Duration(ms) * time.Millisecond
+	}
+	require.Equal(t, time.Hour, keep(ok))
+	require.Equal(t, 48*time.Hour, keep(bad))
+	require.Zero(t, e.countLive("true"), "finished jobs left the hot table")
+
+	// An expired day partition (whole), rows in the default partition
+	// (expired and not), and live jobs.
+	hist := func(n int, state, expires string) {
+		_, err := e.pool.Exec(ctx, `INSERT INTO `+s+`.job_history (id, type, args, tags, state, priority, run_at, attempt,
+			max_attempts, timeout_ms, errors, created_at, finished_at, expires_at)
+			SELECT gen_random_uuid(), 'old', '{}', '{}', $2, 0, now(), 1, 25, 0, '[]', now(), now(), `+expires+`
+			FROM generate_series(1, $1)`, n, state)
 		require.NoError(t, err)
 	}
-	mk(2500, "completed", 2*time.Hour)  // expired: 3 batches of ≤1000
-	mk(10, "completed", 30*time.Minute) // kept
-	mk(20, "failed", 72*time.Hour)      // expired
-	mk(30, "failed", 24*time.Hour)      // kept (failed are kept 48h)
-	mk(40, "cancelled", 50*time.Hour)   // expired
-	mk(50, "available", 0)              // live: never touched
+	_, err = e.pool.Exec(ctx, `CREATE TABLE `+s+`.job_history_p20000101 PARTITION OF `+s+`.job_history
+		FOR VALUES FROM ('2000-01-01') TO ('2000-01-02')`)
+	require.NoError(t, err)
+	hist(2500, "completed", `'2000-01-01 12:00Z'`) // an expired partition: dropped whole
+	hist(30, "failed", `'2000-01-01 13:00Z'`)
+	hist(1200, "cancelled", `'1999-01-01'`) // expired, in the default partition: deleted in batches
+	hist(40, "failed", `'infinity'`)        // the default partition's unexpired rows stay
+	specs := make([]backlog.JobSpec, 50)
+	for i := range specs {
+		specs[i] = backlog.JobSpec{Type: "later", Options: []backlog.EnqueueOption{backlog.Delay(time.Hour)}}
+	}
+	_, err = e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
 	for range 100 {
 		_, err := e.q.Enqueue(ctx, "live", nil)
 		require.NoError(t, err)
 	}
 	// periodic_runs: old rows go, except the latest of each schedule.
-	_, err := e.pool.Exec(ctx, `INSERT INTO "`+e.schema+`".periodic_runs (name, plan_time, job_id, created_at)
+	_, err = e.pool.Exec(ctx, `INSERT INTO `+s+`.periodic_runs (name, plan_time, job_id, created_at)
 		SELECT 'a', now() - g * interval '1 hour', gen_random_uuid(), now() - g * interval '1 hour' + interval '30 minutes'
 		FROM generate_series(1, 100) g
 		UNION ALL SELECT 'b', now() - interval '30 days', gen_random_uuid(), now() - interval '30 days'`)
 	require.NoError(t, err)
 
+	// A partition someone reads is left for the next pass (the drop never
+	// waits behind a query), and nothing else waits for it.
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `LOCK TABLE `+s+`.job_history_p20000101 IN ACCESS SHARE MODE`)
+	require.NoError(t, err)
 	r, err := e.q.Clean(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 2500+20+40, r.Jobs)
-	require.GreaterOrEqual(t, r.Batches, 3, "deleted in batches")
+	require.Zero(t, r.Partitions, "a locked partition is not dropped")
+	require.Equal(t, 1200, r.Jobs, "expired rows of the default partition")
+	require.GreaterOrEqual(t, r.Batches, 2, "deleted in batches")
 	require.Equal(t, 100-48, r.PeriodicRuns, "rows older than 48h, except b's only (latest) row")
-	require.Equal(t, 10, e.count("type = 'old' AND state = 'completed'"))
-	require.Equal(t, 30, e.count("type = 'old' AND state = 'failed'"))
-	require.Equal(t, 0, e.count("type = 'old' AND state = 'cancelled'"))
-	require.Equal(t, 50, e.count("type = 'old' AND state = 'available'"))
-	e.waitCount("type = 'live' AND state = 'completed'", 100, 30*time.Second)
+	require.Equal(t, 2530, e.count("type = 'old' AND expires_at < '2000-01-02'"))
+	require.NoError(t, tx.Rollback(ctx))
+
+	r, err = e.q.Clean(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Partitions)
+	require.Equal(t, 0, e.count("type = 'old' AND state IN ('completed', 'cancelled')"))
+	require.Equal(t, 40, e.count("type = 'old' AND state = 'failed'"))
+	require.Equal(t, 50, e.count("type = 'later' AND state = 'scheduled'"))
+	e.waitCount("type = 'live' AND state = 'completed'", 101, 30*time.Second)
 
 	again, err := e.q.Clean(ctx)
 	require.NoError(t, err)
-	require.Zero(t, again.Jobs, "a second pass finds nothing")
+	require.Zero(t, again.Jobs+again.Partitions, "a second pass finds nothing")
 }
 
 func TestStatsMatchTheTable(t *testing.T) {
@@ -172,4 +211,37 @@ func TestHooksSeeEnqueuesAndOutcomes(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, map[backlog.Outcome]int{backlog.OutcomeCompleted: 2, backlog.OutcomeFailed: 1, backlog.OutcomeRetried: 1}, outcomes)
+}
+
+// TestStatsReportTheOldestTransaction: an open transaction keeps
+// PostgreSQL from cleaning up dead job rows; Stats names it.
+func TestStatsReportTheOldestTransaction(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	// Other tests run in parallel in the same database: wait until this
+	// transaction is the oldest one, whoever else comes and goes.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := e.q.Stats(ctx)
+		require.NoError(t, err)
+		o := st.OldestTransaction
+		require.NotNil(t, o, "an open transaction is reported")
+		if o.PID == pid {
+			require.Equal(t, "session", o.Kind)
+			require.Equal(t, "idle in transaction", o.State)
+			require.Contains(t, o.Query, "pg_backend_pid")
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the open transaction was never the oldest: %+v", o)
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
 }

@@ -2,10 +2,15 @@ package backlog
 
 import (
 	"context"
+	"encoding/json"
 	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,15 +35,23 @@ func TestMeasureMaintenanceCost(t *testing.T) {
 	require.NoError(t, err)
 	defer q.Close()
 	require.NoError(t, q.Migrate(ctx))
-	jobs := `"` + schema + `".jobs`
+	hist := `"` + schema + `".job_history`
 	start := time.Now()
-	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args, state, attempt, finished_at, created_at, started_at)
-		SELECT gen_random_uuid(), 'report.' || (g % 10), '{"n": 1}', 'completed', 1,
-		       now() - interval '1 hour' * (g::float / 1000000), now() - interval '2 hours', now() - interval '2 hours'
+	// Finished jobs live in job_history: a day partition of expiries,
+	// yesterday's (so the cleaner may drop it), holding 1M completed jobs.
+	_, err = pool.Exec(ctx, `CREATE TABLE `+hist+`_p20000101 PARTITION OF `+hist+` FOR VALUES FROM ('2000-01-01') TO ('2000-01-02')`)
+	require.NoError(t, err)
+	seed := func() {
+		_, err = pool.Exec(ctx, `INSERT INTO `+hist+` (id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
+			errors, created_at, started_at, finished_at, expires_at)
+		SELECT gen_random_uuid(), 'report.' || (g % 10), '{"n": 1}', '{}', 'completed', 0, now(), 1, 25, 0, '[]',
+		       now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 hour', '2000-01-01 12:00Z'
 		FROM generate_series(1, 1000000) g`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `VACUUM ANALYZE `+jobs)
-	require.NoError(t, err)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `VACUUM ANALYZE `+hist)
+		require.NoError(t, err)
+	}
+	seed()
 	t.Logf("seeded 1,000,000 completed jobs in %s", time.Since(start).Round(time.Millisecond))
 
 	median := func(f func()) time.Duration {
@@ -67,29 +80,24 @@ func TestMeasureMaintenanceCost(t *testing.T) {
 	})
 	t.Logf("periodic tick (1 due plan, 5 statements incl. BEGIN/COMMIT): median %s", tick)
 
-	// A cleaner pass that finds nothing expired (retention 24h): one
-	// statement for jobs, one for periodic_runs.
-	clean := median(func() {
-		_, err := q.Clean(ctx)
-		require.NoError(t, err)
-	})
-	t.Logf("cleaner pass, nothing expired (2 statements): median %s", clean)
-
-	// A pass that deletes 1,000 expired jobs.
-	_, err = pool.Exec(ctx, `UPDATE `+jobs+` SET finished_at = now() - interval '2 days'
-		WHERE id IN (SELECT id FROM `+jobs+` ORDER BY finished_at LIMIT 7000)`)
-	require.NoError(t, err)
-	del := median(func() {
-		_, err := q.store.Clean(ctx, q.cfg.keepCompleted, q.cfg.keepFailed, cleanBatch)
-		require.NoError(t, err)
-	})
-	t.Logf("cleaner batch deleting 1,000 expired jobs (2 statements): median %s", del)
-
 	stats := median(func() {
 		_, err := q.Stats(ctx)
 		require.NoError(t, err)
 	})
-	t.Logf("Stats (1 statement, whole table): median %s", stats)
+	t.Logf("Stats (1 statement, every row of jobs and job_history): median %s", stats)
+
+	// The cleaner pass that drops the expired partition of 1M jobs (one
+	// DROP), then passes that find nothing to drop.
+	s0 := time.Now()
+	r, err := q.Clean(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Partitions)
+	t.Logf("cleaner pass dropping a partition of 1,000,000 expired jobs: %s", time.Since(s0).Round(time.Microsecond))
+	clean := median(func() {
+		_, err := q.Clean(ctx)
+		require.NoError(t, err)
+	})
+	t.Logf("cleaner pass, nothing expired (partitions ensured, drop, periodic_runs): median %s", clean)
 }
 
 // TestMeasureEnqueueNotify measures single-row enqueue throughput from 16
@@ -166,4 +174,77 @@ func TestMeasureEnqueueNotify(t *testing.T) {
 		sort.Float64s(r)
 		t.Logf("median of 3: %-32s %8.0f inserts/s (16 clients, one job per transaction)", m.name, r[1])
 	}
+}
+
+// TestMeasureBurnDown works off 100,000 pre-inserted no-op jobs with Work
+// at its defaults and reports jobs/s and this process's CPU and
+// allocations per job. With BACKLOG_PROFILE=dir it also writes CPU and
+// allocation profiles of the burn-down there. Only with BACKLOG_MEASURE=1.
+func TestMeasureBurnDown(t *testing.T) {
+	if os.Getenv("BACKLOG_MEASURE") == "" {
+		t.Skip("set BACKLOG_MEASURE=1 to run (make measure)")
+	}
+	const n = 100_000
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	defer testdb.Close()
+	schema := testdb.Schema(t)
+	q, err := New(ctx, pool, WithSchema(schema))
+	require.NoError(t, err)
+	defer q.Close()
+	require.NoError(t, q.Migrate(ctx))
+	specs := make([]JobSpec, 0, 5000)
+	for i := 0; i < n; i += len(specs) {
+		specs = specs[:0]
+		for j := i; j < n && len(specs) < 5000; j++ {
+			specs = append(specs, JobSpec{Type: "burn", Args: json.RawMessage(`{"n":1}`)})
+		}
+		_, err := q.EnqueueMany(ctx, specs)
+		require.NoError(t, err)
+	}
+	var done atomic.Int64
+	all := make(chan struct{})
+	h := HandlerFunc(func(context.Context, *Job) error {
+		if done.Add(1) == n {
+			close(all)
+		}
+		return nil
+	})
+	dir := os.Getenv("BACKLOG_PROFILE")
+	if dir != "" {
+		f, err := os.Create(filepath.Join(dir, "cpu.prof"))
+		require.NoError(t, err)
+		require.NoError(t, pprof.StartCPUProfile(f))
+		defer f.Close()
+	}
+	runtime.GC()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	cpu0 := processCPU()
+	start := time.Now()
+	wctx, stop := context.WithCancel(ctx)
+	werr := make(chan error, 1)
+	go func() { werr <- q.Work(wctx, h, Types("burn")) }()
+	<-all
+	elapsed := time.Since(start)
+	cpu := processCPU() - cpu0
+	runtime.ReadMemStats(&m1)
+	if dir != "" {
+		pprof.StopCPUProfile()
+		f, err := os.Create(filepath.Join(dir, "allocs.prof"))
+		require.NoError(t, err)
+		require.NoError(t, pprof.Lookup("allocs").WriteTo(f, 0))
+		f.Close()
+	}
+	stop()
+	require.NoError(t, <-werr)
+	t.Logf("burn-down of %d no-op jobs at the defaults: %.0f jobs/s; this process: %.1f µs CPU, %.1f allocations, %.0f bytes per job",
+		n, float64(n)/elapsed.Seconds(), float64(cpu.Microseconds())/n, float64(m1.Mallocs-m0.Mallocs)/n, float64(m1.TotalAlloc-m0.TotalAlloc)/n)
+}
+
+// processCPU is the CPU time this process used so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -90,7 +90,7 @@ func (n *notifier) post(ps []posting) {
 	}
 	for _, p := range ps {
 		p.In = now.Add(time.Duration(p.In) * time.Millisecond).UnixMilli()
-		k := postingKey(p.Type, p.Tags)
+		k := p.key()
 		if q, ok := n.pending[k]; ok {
 			p.In = min(p.In, q.In)
 		} else {
@@ -284,7 +284,7 @@ func (l *listener) dispatch(payload string) {
 			l.onDone(id)
 			return
 		}
-	case p.Type != "":
+	case p.Type != "" || p.Sched:
 		l.acq.post(p)
 		return
 	}

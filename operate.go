@@ -20,9 +20,12 @@ func (q *Queue) SweepExpired(ctx context.Context) (int, error) {
 	return q.maint.sweep(ctx)
 }
 
-// Clean deletes finished jobs past their retention (WithRetention) and old
-// periodic_runs rows, in batches of at most 1,000 rows, each its own
-// statement that skips rows others hold. Work runs it periodically
+// Clean drops the job_history partitions whose jobs are all past their
+// retention (WithRetention; a partition someone is reading is left for the
+// next pass, so no finish ever waits behind the drop), creates the
+// partitions of the days ahead, deletes expired rows of the default
+// partition and old periodic_runs rows in batches of at most 1,000, each
+// its own statement that skips rows others hold. Work runs it periodically
 // (WithCleanInterval); running it on many processes at once is harmless.
 func (q *Queue) Clean(ctx context.Context) (CleanResult, error) {
 	if q.isClosed() {
@@ -44,5 +47,11 @@ func (q *Queue) Stats(ctx context.Context) (*Stats, error) {
 	if err != nil {
 		return nil, q.readErr(ctx, fmt.Errorf("reading stats: %w", err))
 	}
-	return buildStats(rows, oldest), nil
+	st := buildStats(rows, oldest)
+	snap, err := q.store.OldestSnapshot(ctx)
+	if err != nil {
+		return nil, q.readErr(ctx, fmt.Errorf("reading open transactions: %w", err))
+	}
+	st.OldestTransaction = oldTransactionOf(snap)
+	return st, nil
 }

@@ -17,7 +17,8 @@ const (
 	DefaultPollJitter     = 3 * time.Second
 	DefaultNotifyInterval = time.Duration(0)
 	DefaultSweepInterval  = 5 * time.Second
-	DefaultConcurrency    = 1000
+	DefaultConcurrency    = 100
+	DefaultPrefetch       = 1000
 	DefaultGracePeriod    = 10 * time.Second
 	DefaultMaxAttempts    = 25
 	DefaultPriority       = 0
@@ -73,6 +74,8 @@ func (cfg *config) validate() error {
 		return invalid("clean interval", "must be positive, got %s", cfg.cleanInterval)
 	case cfg.keepCompleted <= 0 || cfg.keepFailed <= 0:
 		return invalid("retention", "must be positive, got %s and %s", cfg.keepCompleted, cfg.keepFailed)
+	case cfg.keepCompleted > MaxRetention || cfg.keepFailed > MaxRetention:
+		return invalid("retention", "must be at most %s (366 days), got %s and %s", MaxRetention, cfg.keepCompleted, cfg.keepFailed)
 	case cfg.clock == nil:
 		return invalid("clock", "must not be nil")
 	}
@@ -158,17 +161,27 @@ func WithNotifyInterval(d time.Duration) Option {
 	return queueOption(func(c *config) { c.notifyInterval = d })
 }
 
-// WithSweepInterval sets how often this process looks for expired leases
-// (jobs of crashed workers) and makes them available again. The interval is
-// jittered by up to 20%. Defaults to 5 seconds.
+// WithSweepInterval sets the longest time between two looks of this
+// process for expired leases (jobs of crashed workers), which it makes
+// available again. Besides, the sweep runs just after the earliest lease of
+// a running job expires. The interval is jittered by up to 20%. Defaults to
+// 5 seconds.
 func WithSweepInterval(d time.Duration) Option {
 	return queueOption(func(c *config) { c.sweepInterval = d })
 }
 
-// WithRetention sets how long finished jobs are kept before the cleaner
-// deletes them: completed ones for completed, failed and cancelled ones for
-// failed (periodic_runs rows are kept as long as failed jobs, except each
-// schedule's latest, which is always kept). Defaults to 24 hours and 7 days.
+// MaxRetention is the longest retention WithRetention accepts: job_history
+// has a partition for every day of it ahead.
+const MaxRetention = 366 * 24 * time.Hour
+
+// WithRetention sets how long finished jobs are kept in job_history before
+// the cleaner drops them: completed ones for completed, failed and
+// cancelled ones for failed. job_history is partitioned by expiry, one
+// partition a UTC day, and dropped a partition at a time, so a job is kept
+// at least its retention and at most a day longer; a change applies to jobs
+// that finish afterwards. periodic_runs rows are kept as long as failed
+// jobs, except each schedule's latest, which is always kept. Each must be
+// positive and at most MaxRetention. Defaults to 24 hours and 7 days.
 func WithRetention(completed, failed time.Duration) Option {
 	return queueOption(func(c *config) { c.keepCompleted, c.keepFailed = completed, failed })
 }
@@ -278,12 +291,13 @@ func UniqueKey(key string) EnqueueOption {
 	return enqueueFunc(func(c *enqueueConfig) { c.uniqueKey = key })
 }
 
-// WorkOption configures one Work call: Concurrency, WorkerTags, Types,
-// GracePeriod and RetryBackoff.
+// WorkOption configures one Work call: Concurrency, Prefetch, WorkerTags,
+// Types, GracePeriod and RetryBackoff.
 type WorkOption interface{ applyWork(*workConfig) }
 
 type workConfig struct {
 	concurrency int
+	prefetch    int
 	tags        WorkerTags
 	types       []string
 	grace       time.Duration
@@ -295,11 +309,24 @@ type workFunc func(*workConfig)
 func (f workFunc) applyWork(c *workConfig) { f(c) }
 
 // Concurrency sets how many jobs a Work call runs at once: the number of
-// its worker goroutines, and so the largest batch one claim can take. Idle
-// workers hold no database connection and cost a few kilobytes each; lower
-// it when handlers are CPU-bound or each needs a connection of a small pool.
-// Must be at least 1. Defaults to 1,000.
+// its worker goroutines, each running one handler at a time. Idle workers
+// hold no database connection and cost a few kilobytes each. How many jobs
+// one claim takes is not bounded by it (see Prefetch). Must be at least 1.
+// Defaults to 100.
 func Concurrency(n int) WorkOption { return workFunc(func(c *workConfig) { c.concurrency = n }) }
+
+// Prefetch sets the most jobs a Work call's domain claims ahead of its
+// handlers, so that a worker finds its next job at once while the next
+// claim is in flight. The buffer follows demand: about what the workers
+// take during two claims, so slow handlers keep next to nothing back from
+// other processes, and quick ones get claims of hundreds of jobs.
+// Prefetched jobs are leased like running ones (their timeouts start with
+// their handlers) and are given back when the last Work call of their
+// domain returns. Work calls with the same types and tags share a domain
+// and its buffer, which then holds at most the largest of their Prefetch
+// values. 0 turns it off: a claim takes as many jobs as workers wait.
+// Defaults to 1,000.
+func Prefetch(n int) WorkOption { return workFunc(func(c *workConfig) { c.prefetch = n }) }
 
 // Types sets the job types a Work call claims. Required unless the handler
 // is a *Mux, whose registered types are the default.

@@ -16,7 +16,7 @@ import (
 func (e *env) runs(name string) []time.Time {
 	e.t.Helper()
 	rows, err := e.pool.Query(context.Background(), `SELECT r.plan_time, count(j.id)
-		FROM "`+e.schema+`".periodic_runs r LEFT JOIN "`+e.schema+`".jobs j ON j.id = r.job_id
+		FROM "`+e.schema+`".periodic_runs r LEFT JOIN "`+e.schema+`".all_jobs j ON j.id = r.job_id
 		WHERE r.name = $1 GROUP BY r.plan_time ORDER BY r.plan_time`, name)
 	require.NoError(e.t, err)
 	defer rows.Close()
@@ -97,7 +97,7 @@ func TestPeriodicUsesTheDatabaseClock(t *testing.T) {
 	e.waitRuns("skewed", 4, 30*time.Second)
 	// Each plan was enqueued at its plan time on the database clock.
 	rows, err := e.pool.Query(context.Background(), `SELECT r.plan_time, j.created_at FROM "`+e.schema+`".periodic_runs r
-		JOIN "`+e.schema+`".jobs j ON j.id = r.job_id WHERE r.name = 'skewed'`)
+		JOIN "`+e.schema+`".all_jobs j ON j.id = r.job_id WHERE r.name = 'skewed'`)
 	require.NoError(t, err)
 	defer rows.Close()
 	for rows.Next() {

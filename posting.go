@@ -8,15 +8,34 @@ import (
 )
 
 // posting is the payload of a NOTIFY on the schema's channel. Most announce
-// that jobs of a type and tags became available, now or after In; Cancel
-// asks the worker holding a job to stop it; Done tells waiters a job has
-// finished.
+// that jobs of a type and tags became available; Sched that jobs were
+// scheduled, the earliest due in In (for the promoters, whatever the type);
+// Cancel asks the worker holding a job to stop it; Done tells waiters a job
+// has finished.
 type posting struct {
 	Type   string            `json:"type,omitempty"`
 	Tags   map[string]string `json:"tags,omitempty"`
-	In     int64             `json:"in,omitempty"` // milliseconds until due; 0: due now
+	Sched  bool              `json:"sched,omitempty"`
+	In     int64             `json:"in,omitempty"` // Sched: milliseconds until due
 	Cancel string            `json:"cancel,omitempty"`
 	Done   string            `json:"done,omitempty"`
+}
+
+// schedKey is the coalescing key of scheduled postings: one is enough,
+// carrying the earliest due time.
+const schedKey = "\x00sched"
+
+// key identifies what a posting announces, for coalescing.
+func (p posting) key() string {
+	if p.Sched {
+		return schedKey
+	}
+	return postingKey(p.Type, p.Tags)
+}
+
+// schedPosting announces jobs scheduled, the earliest due in in.
+func schedPosting(in time.Duration) posting {
+	return posting{Sched: true, In: max(in.Milliseconds(), 0)}
 }
 
 // maxPostingBytes bounds one NOTIFY payload (PostgreSQL refuses payloads of
@@ -37,8 +56,8 @@ func encodePosting(p posting) string {
 	return string(b)
 }
 
-// encodePostings returns one payload per distinct (type, tags), carrying
-// the earliest due time among the postings of that pair.
+// encodePostings returns one payload per distinct (type, tags), and one
+// scheduled posting carrying the earliest due time.
 func encodePostings(ps []posting) []string {
 	ps = dedupePostings(ps)
 	out := make([]string, 0, len(ps))
@@ -48,8 +67,8 @@ func encodePostings(ps []posting) []string {
 	return out
 }
 
-// dedupePostings keeps one posting per (type, tags), with the earliest due
-// time.
+// dedupePostings keeps one posting per (type, tags), and one scheduled
+// posting with the earliest due time.
 func dedupePostings(ps []posting) []posting {
 	if len(ps) < 2 {
 		return ps
@@ -57,7 +76,7 @@ func dedupePostings(ps []posting) []posting {
 	idx := make(map[string]int, len(ps))
 	out := ps[:0:0]
 	for _, p := range ps {
-		k := postingKey(p.Type, p.Tags)
+		k := p.key()
 		if i, ok := idx[k]; ok {
 			out[i].In = min(out[i].In, p.In)
 			continue
@@ -73,22 +92,21 @@ func postingKey(typ string, tags map[string]string) string {
 	return domainKey([]string{typ}, tags)
 }
 
-// postingOf is the posting of one job about to be inserted.
-func postingOf(typ string, tags []byte, delay time.Duration, runAt *time.Time) posting {
-	p := posting{Type: typ, In: delay.Milliseconds()}
-	if runAt != nil {
-		p.In = time.Until(*runAt).Milliseconds()
-	}
-	p.In = max(p.In, 0)
-	p.Tags = decodeTags(tags)
-	return p
+// postingOf is the posting of jobs of a type and tags made available.
+func postingOf(typ string, tags []byte) posting {
+	return posting{Type: typ, Tags: decodeTags(tags)}
 }
 
-// postingsOf are the postings of jobs the store made available.
+// postingsOf are the postings of jobs the store made available or
+// scheduled.
 func postingsOf(avail []store.Avail) []posting {
 	out := make([]posting, 0, len(avail))
 	for _, a := range avail {
-		out = append(out, posting{Type: a.Type, Tags: decodeTags(a.Tags), In: max(a.In.Milliseconds(), 0)})
+		if a.Scheduled {
+			out = append(out, schedPosting(a.In))
+		} else {
+			out = append(out, postingOf(a.Type, a.Tags))
+		}
 	}
 	return dedupePostings(out)
 }

@@ -80,6 +80,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 		cfg.workerID = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 	}
 	q := &Queue{pool: pool, cfg: cfg, log: cfg.logger, store: store.New(pool, cfg.schema), closing: make(chan struct{})}
+	q.store.SetRetention(cfg.keepCompleted, cfg.keepFailed)
 	log := cfg.logger
 	q.leases = newLeases(q.store, log, cfg.lease)
 	// The completer announces through the announcer, which (local mode)
@@ -96,7 +97,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	}
 	q.comp = newCompleter(q.store, q.leases, log, q.announce)
 	cl.comp = q.comp
-	q.maint = &maintenance{store: q.store, cfg: &q.cfg, log: log, announce: q.announce}
+	q.maint = newMaintenance(q.store, &q.cfg, log, q.announce)
+	q.acq.scheduled = q.maint.scheduled
+	q.comp.inPlace = q.maint.retireSoon
 	q.sched = newScheduler(q.store, q.pool, &q.cfg, q.announce)
 	return q, nil
 }

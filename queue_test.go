@@ -103,8 +103,8 @@ func TestRetryUsesBackoffOnDatabaseClock(t *testing.T) {
 	id, err := e.q.Enqueue(ctx, "flaky", nil)
 	require.NoError(t, err)
 	first := <-starts
-	info := e.waitJob(id, 10*time.Second, func(i *backlog.JobInfo) bool { return i.State == backlog.StateAvailable || i.Attempt == 2 })
-	if info.State == backlog.StateAvailable {
+	info := e.waitJob(id, 10*time.Second, func(i *backlog.JobInfo) bool { return i.State == backlog.StateScheduled || i.Attempt == 2 })
+	if info.State == backlog.StateScheduled {
 		// run_at was set from the database clock: now() at the finish + 700ms.
 		var gap time.Duration
 		require.NoError(t, e.pool.QueryRow(ctx, `SELECT (extract(epoch FROM run_at - (errors->0->>'at')::timestamptz) * 1e6)::bigint * 1000

@@ -74,7 +74,7 @@ func TestCronEveryIsAlignedAcrossProcesses(t *testing.T) {
 	<-time.After(700 * time.Millisecond) // the second process starts later (load shaping, not a wait for a condition)
 	require.NoError(t, q2.Cron("tick", "@every 2s", "tick", nil))
 	e.waitCount("type = 'tick'", 3, 15*time.Second)
-	rows, err := e.pool.Query(ctx, `SELECT run_at, count(*) FROM "`+e.schema+`".jobs WHERE type = 'tick' GROUP BY run_at`)
+	rows, err := e.pool.Query(ctx, `SELECT run_at, count(*) FROM "`+e.schema+`".all_jobs WHERE type = 'tick' GROUP BY run_at`)
 	require.NoError(t, err)
 	type plan struct {
 		at time.Time
@@ -448,13 +448,15 @@ func TestStaleTokenWritesChangeNothing(t *testing.T) {
 	require.NoError(t, err)
 	fresh := claim()
 	require.NotEqual(t, old, fresh)
-	require.NoError(t, backlog.FinishForTest(ctx, e.q, id, old, "completed"))
-	info, err := e.q.Job(ctx, id)
-	require.NoError(t, err)
-	require.Equal(t, backlog.StateRunning, info.State, "a stale token's finish was written")
+	for _, graph := range []bool{false, true} {
+		require.NoError(t, backlog.FinishForTest(ctx, e.q, id, old, "completed", graph))
+		info, err := e.q.Job(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, backlog.StateRunning, info.State, "a stale token's finish was written (graph path: %v)", graph)
+	}
 	renewed, err := backlog.ExtendForTest(ctx, e.q, id, old)
 	require.NoError(t, err)
 	require.False(t, renewed, "a stale token's renewal was written")
-	require.NoError(t, backlog.FinishForTest(ctx, e.q, id, fresh, "completed"))
+	require.NoError(t, backlog.FinishForTest(ctx, e.q, id, fresh, "completed", false))
 	e.waitState(id, time.Second, backlog.StateCompleted)
 }

@@ -33,7 +33,7 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	if f, ok := h.(HandlerFunc); ok && f == nil {
 		return invalid("handler", "must not be a nil HandlerFunc")
 	}
-	cfg := workConfig{concurrency: DefaultConcurrency, grace: DefaultGracePeriod}
+	cfg := workConfig{concurrency: DefaultConcurrency, prefetch: DefaultPrefetch, grace: DefaultGracePeriod}
 	for _, o := range opts {
 		if o == nil {
 			return invalid("options", "nil option")
@@ -49,6 +49,8 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 		return invalid("concurrency", "must be at least 1, got %d", cfg.concurrency)
 	case cfg.grace < 0:
 		return invalid("grace period", "must not be negative, got %s", cfg.grace)
+	case cfg.prefetch < 0:
+		return invalid("prefetch", "must not be negative, got %d", cfg.prefetch)
 	}
 	if cfg.backoff != nil {
 		if err := cfg.backoff.validate(); err != nil {
@@ -82,6 +84,7 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	defer hardStop(nil)
 
 	w := &workCall{q: q, h: h, mux: mux, cfg: cfg, hard: hard}
+	q.acq.join(spec, cfg.concurrency, cfg.prefetch)
 	var workers sync.WaitGroup
 	for range cfg.concurrency {
 		workers.Go(func() {
@@ -122,6 +125,10 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 		<-allDone
 	}
 	grace.Stop()
+	// The last Work call of a domain gives back the jobs it prefetched.
+	for _, job := range q.acq.leave(spec, cfg.concurrency) {
+		w.submit(job, releaseOf(job))
+	}
 	w.awaitOutcomes(cfg.grace, spec)
 	return result
 }

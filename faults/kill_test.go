@@ -214,7 +214,7 @@ func TestWorkerProcessesKilled(t *testing.T) {
 	})
 
 	completed := func() int {
-		return e.count(`SELECT count(*) FROM ` + e.table("jobs") + ` WHERE state = 'completed'`)
+		return e.count(`SELECT count(*) FROM ` + e.table("all_jobs") + ` WHERE state = 'completed'`)
 	}
 	start := time.Now()
 	deadline := time.NewTimer(4 * time.Minute)

@@ -242,7 +242,7 @@ func (e *fenv) count(sql string, args ...any) int {
 func (e *fenv) waitSettled(within time.Duration) {
 	e.t.Helper()
 	eventually(e.t, within, 50*time.Millisecond, "every job reaches a terminal state", func() bool {
-		return e.count(`SELECT count(*) FROM `+e.table("jobs")+` WHERE state IN ('blocked', 'available', 'running')`) == 0
+		return e.count(`SELECT count(*) FROM `+e.table("jobs")+` WHERE state IN ('blocked', 'scheduled', 'available', 'running')`) == 0
 	})
 }
 
@@ -281,7 +281,7 @@ func (e *fenv) ledger() *ledger {
 	ctx := context.Background()
 	l := &ledger{jobs: map[string]*jobRow{}, states: map[string]int{}}
 	rows, err := e.ctl.Query(ctx, `SELECT id::text, type, state, attempt, COALESCE(worker, ''), COALESCE(last_error, ''), errors
-		FROM `+e.table("jobs"))
+		FROM `+e.table("all_jobs"))
 	require.NoError(e.t, err)
 	for rows.Next() {
 		j := &jobRow{}

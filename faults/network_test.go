@@ -94,7 +94,7 @@ func blackhole(t *testing.T, sweep time.Duration) {
 			o.guarded = true
 		}
 		err := e.ctl.QueryRow(context.Background(), `UPDATE `+e.table("executions")+` x SET stopped_at = clock_timestamp(), note = $3
-			FROM `+e.table("jobs")+` j WHERE x.job_id = $1 AND x.attempt = $2 AND j.id = $1
+			FROM `+e.table("all_jobs")+` j WHERE x.job_id = $1 AND x.attempt = $2 AND j.id = $1
 			RETURNING x.stopped_at, j.state`, job.ID, job.Attempt, fmt.Sprint(o.cause)).
 			Scan(&o.stoppedAt, &o.state)
 		if err != nil {
@@ -153,7 +153,7 @@ func blackhole(t *testing.T, sweep time.Duration) {
 
 	// w2 takes the job over after the expiry and the sweep.
 	eventually(t, 30*time.Second, 20*time.Millisecond, "w2 completes the job", func() bool {
-		return e.count(`SELECT count(*) FROM `+e.table("jobs")+` WHERE id = $1 AND state = 'completed'`, id) == 1
+		return e.count(`SELECT count(*) FROM `+e.table("all_jobs")+` WHERE id = $1 AND state = 'completed'`, id) == 1
 	})
 	// Work for w1 only, queued while it is cut off.
 	e.enqueueN("s3.after", 20)
@@ -312,7 +312,7 @@ func TestDroppedConnections(t *testing.T) {
 		require.True(t, time.Now().Before(giveUp), "only %d of %d cuts found connections to cut within a minute", len(cutAt), cuts)
 		<-tick.C
 		at := e.dbNow()
-		waiting := e.count(`SELECT count(*) FROM ` + e.table("jobs") + ` WHERE state <> 'completed'`)
+		waiting := e.count(`SELECT count(*) FROM ` + e.table("all_jobs") + ` WHERE state <> 'completed'`)
 		n := px.CutAll()
 		t.Logf("cut %d connections (%d jobs not completed)", n, waiting)
 		tick.Reset(300*time.Millisecond + rand.N(300*time.Millisecond))

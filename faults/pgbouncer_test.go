@@ -150,6 +150,8 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 			require.NoError(t, err, "EnqueueMany with the pool's DefaultQueryExecMode = %v", c.mode)
 			_, err = pool.Exec(ctx, `DELETE FROM `+e.table("jobs")+` WHERE type = 's5.probe'`)
 			require.NoError(t, err)
+			_, err = pool.Exec(ctx, `DELETE FROM `+e.table("job_history")+` WHERE type = 's5.probe'`)
+			require.NoError(t, err)
 
 			mux := backlog.NewMux()
 			mux.HandleFunc("s5.work", func(ctx context.Context, job *backlog.Job) error {
@@ -191,7 +193,7 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 			elapsed := time.Since(start)
 			// Status reads through PgBouncer as well.
 			var one string
-			require.NoError(t, pool.QueryRow(ctx, `SELECT id::text FROM `+e.table("jobs")+` LIMIT 1`).Scan(&one))
+			require.NoError(t, pool.QueryRow(ctx, `SELECT id::text FROM `+e.table("all_jobs")+` LIMIT 1`).Scan(&one))
 			info, err := q.Job(ctx, backlog.NewID())
 			require.ErrorIs(t, err, backlog.ErrNotFound, "%v", info)
 

@@ -89,7 +89,7 @@ func (d *stressData) checkUnique(v *violations) {
 		live := 0
 		var ran []*stJob
 		for _, j := range js {
-			if j.State == "blocked" || j.State == "available" || j.State == "running" {
+			if j.State == "blocked" || j.State == "scheduled" || j.State == "available" || j.State == "running" {
 				live++
 			}
 			if len(j.Execs) > 0 {

@@ -77,7 +77,10 @@ func (s *stress) load() *stressData {
 		d.reaped[k.worker] = k.reaped
 	}
 	rows, err := e.ctl.Query(ctx, `SELECT id, type, state, attempt, max_attempts, blocked_by, run_at, finished_at,
-		COALESCE(unique_key, ''), COALESCE(ordering_key, ''), COALESCE(last_error, ''), tags, args, result, errors FROM `+e.table("jobs"))
+		COALESCE(unique_key, ''), COALESCE(ordering_key, ''), COALESCE(last_error, ''), tags, args, result, errors FROM `+e.table("jobs")+`
+		UNION ALL
+		SELECT id, type, state, attempt, max_attempts, 0, run_at, finished_at,
+		COALESCE(unique_key, ''), COALESCE(ordering_key, ''), COALESCE(last_error, ''), tags, args, result, errors FROM `+e.table("job_history"))
 	require.NoError(t, err)
 	for rows.Next() {
 		j := &stJob{}
@@ -205,7 +208,7 @@ func (d *stressData) checkLive(v *violations) {
 		ok := false
 		switch {
 		case depth > 100:
-		case j.State == "available":
+		case j.State == "scheduled":
 			ok = j.Args.Future && j.RunAt.After(d.now.Add(10*time.Minute))
 		case j.State == "blocked":
 			ok = len(d.edges[j.ID]) > 0 && len(d.edges[j.ID]) == j.BlockedBy
@@ -219,7 +222,7 @@ func (d *stressData) checkLive(v *violations) {
 	}
 	for _, j := range d.jobs {
 		switch j.State {
-		case "blocked", "available", "running":
+		case "blocked", "scheduled", "available", "running":
 			if legit(j, 0) {
 				d.stats.legitLive++
 			} else {

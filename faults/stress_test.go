@@ -249,9 +249,9 @@ func (s *stress) settle(within time.Duration) bool {
 	defer tick.Stop()
 	for {
 		n := s.e.count(`WITH RECURSIVE legit AS (
-			SELECT id FROM ` + s.e.table("jobs") + ` WHERE state = 'available' AND run_at > now() + interval '10 minutes'
+			SELECT id FROM ` + s.e.table("jobs") + ` WHERE state IN ('scheduled', 'available') AND run_at > now() + interval '10 minutes'
 			UNION SELECT e.job FROM ` + s.e.table("job_edges") + ` e JOIN legit l ON e.prereq = l.id)
-		SELECT count(*) FROM ` + s.e.table("jobs") + ` WHERE state IN ('blocked', 'available', 'running')
+		SELECT count(*) FROM ` + s.e.table("jobs") + ` WHERE state IN ('blocked', 'scheduled', 'available', 'running')
 			AND id NOT IN (SELECT id FROM legit)`)
 		if n == 0 {
 			return true

@@ -389,7 +389,7 @@ func (s *stress) holdTransactions(r *rand.Rand) {
 		running := false
 		for i := 0; i < 200 && !running && s.pause(50*time.Millisecond); i++ {
 			var st string
-			if err := s.e.ctl.QueryRow(ctx, `SELECT state FROM `+s.e.table("jobs")+` WHERE id = $1`, p).Scan(&st); err != nil {
+			if err := s.e.ctl.QueryRow(ctx, `SELECT state FROM `+s.e.table("all_jobs")+` WHERE id = $1`, p).Scan(&st); err != nil {
 				s.t.Errorf("reading a held prerequisite: %v", err)
 				return
 			}
@@ -447,7 +447,7 @@ func (s *stress) sampleUnique() {
 	for s.pause(500 * time.Millisecond) {
 		var dups []string
 		rows, err := s.e.ctl.Query(ctx, `SELECT unique_key || ': ' || count(*) FROM `+s.e.table("jobs")+`
-			WHERE unique_key IS NOT NULL AND state IN ('blocked', 'available', 'running') GROUP BY unique_key HAVING count(*) > 1`)
+			WHERE unique_key IS NOT NULL AND state IN ('blocked', 'scheduled', 'available', 'running') GROUP BY unique_key HAVING count(*) > 1`)
 		if err == nil {
 			dups, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		}

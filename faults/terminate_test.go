@@ -150,7 +150,7 @@ func TestBackendsTerminated(t *testing.T) {
 		ID  string
 		Seq int
 	}
-	r, err := e.ctl.Query(ctx, `SELECT id::text, (args->>'seq')::int FROM `+e.table("jobs"))
+	r, err := e.ctl.Query(ctx, `SELECT id::text, (args->>'seq')::int FROM `+e.table("all_jobs"))
 	require.NoError(t, err)
 	for r.Next() {
 		var x struct {

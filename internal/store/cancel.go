@@ -40,7 +40,7 @@ func (s *Store) Cancel(ctx context.Context, id uuid.UUID) (CancelOutcome, error)
 				return err
 			}
 			switch state {
-			case "blocked", "available":
+			case "blocked", "scheduled", "available":
 				if okey != "" && !slices.Contains(p.keys, okey) {
 					return &restartError{keys: []string{okey}}
 				}
@@ -58,9 +58,12 @@ func (s *Store) Cancel(ctx context.Context, id uuid.UUID) (CancelOutcome, error)
 					return &restartError{rows: missing}
 				}
 				if err := tx.QueryRow(ctx, g.lockOne, Mode, id).Scan(&state); err != nil {
+					if errors.Is(err, pgx.ErrNoRows) {
+						return errStateChanged // finished and retired meanwhile
+					}
 					return err
 				}
-				if state != "blocked" && state != "available" {
+				if state != "blocked" && state != "scheduled" && state != "available" {
 					return errStateChanged
 				}
 				var n, notified int64
@@ -116,7 +119,12 @@ func (s *Store) MarkWaiting(ctx context.Context, id uuid.UUID) (Waiting, error) 
 	var tags []byte
 	err := s.pool.QueryRow(ctx, s.graph.markWaiting, Mode, id).Scan(&w.State, &typ, &tags)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return w, ErrNotFound
+		// Finished (and moved to job_history), or unknown.
+		err = s.pool.QueryRow(ctx, s.graph.finishedState, Mode, id).Scan(&w.State)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return w, ErrNotFound
+		}
+		return w, err
 	}
 	if err == nil && w.State == "available" {
 		w.Avail = &Avail{Type: typ, Tags: tags}

@@ -23,7 +23,7 @@ const (
 )
 
 type finishSQL struct {
-	skip, wait, ended, held, extend, sweep, sweepIDs, anyExpired, expired, failExpired string
+	fast, skip, wait, ended, held, extend, sweep, sweepIDs, nextExpiry, expired, failExpired string
 }
 
 // Finish is one fenced terminal or retry write.
@@ -45,6 +45,7 @@ const (
 	Written FinishStatus = iota + 1 // the outcome is recorded
 	Refused                         // the lease is gone: the row no longer matches id, token and state running
 	Busy                            // another transaction held the row: write it again on its own, waiting
+	Graph                           // the job has dependents: write it with FinishGraph
 )
 
 // FinishResult is what one Finish call did.
@@ -60,6 +61,8 @@ func (s *Store) buildFinish() {
 	// turns a retry into cancelled; completion clears the current error
 	// (the history keeps it). Rows are locked FOR UPDATE, the lock every
 	// move to a terminal state takes (see graph.go), in ID order.
+	f.fast = `SELECT id, state, status FROM ` + pgx.Identifier{s.schema, "finish"}.Sanitize() +
+		`($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $8, $9, $10, $11)`
 	stmt := func(lock string) string {
 		return `WITH f AS (
 	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[])
@@ -70,7 +73,8 @@ func (s *Store) buildFinish() {
 	ORDER BY j.id FOR UPDATE OF j ` + lock + `
 ), done AS (
 	UPDATE ` + s.jobs + ` j SET
-		state = CASE WHEN j.cancel_requested AND f.state = 'available' THEN 'cancelled' ELSE f.state END,
+		state = CASE WHEN j.cancel_requested AND f.state = 'available' THEN 'cancelled'
+		             WHEN f.state = 'available' AND f.delay_ms > 0 THEN 'scheduled' ELSE f.state END,
 		run_at = CASE WHEN f.state = 'available' AND f.delay_ms >= 0 THEN now() + f.delay_ms * interval '1 millisecond' ELSE j.run_at END,
 		attempt = j.attempt + f.attempt_delta,
 		result = f.result,
@@ -145,7 +149,9 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_
 	}
 	f.sweep = sweep("")
 	f.sweepIDs = sweep("AND id = ANY($3::uuid[])")
-	f.anyExpired = `SELECT EXISTS (SELECT 1 FROM ` + s.jobs + ` WHERE state = 'running' AND lease_expires_at < now())`
+	// When the earliest lease of a running job expires, in milliseconds
+	// from now (<= 0: expired; NULL: nothing runs).
+	f.nextExpiry = `SELECT ceil(extract(epoch FROM min(lease_expires_at) - now()) * 1000)::bigint FROM ` + s.jobs + ` WHERE state = 'running'`
 	f.expired = `SELECT id FROM ` + s.jobs + ` WHERE state = 'running' AND lease_expires_at < now() ORDER BY id LIMIT $1`
 	// A row the sweep could not write: failed, with the reason, carrying
 	// none of its data.
@@ -159,7 +165,82 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_
 SELECT count(*), count(pg_notify($3, json_build_object('done', id)::text)) FILTER (WHERE notify_done) FROM u`
 }
 
-// Finish writes outcomes in one transaction. Statement one writes every
+// finishArrays are a batch of Finish as the statements' parameter arrays.
+type finishArrays struct {
+	ids, tokens [][16]byte
+	states      []string
+	delays      []int64
+	deltas      []int32
+	results     []json.RawMessage
+	errs        []*string
+}
+
+func finishArraysOf(fs []Finish) finishArrays {
+	n := len(fs)
+	a := finishArrays{ids: make([][16]byte, n), tokens: make([][16]byte, n), states: make([]string, n),
+		delays: make([]int64, n), deltas: make([]int32, n), results: make([]json.RawMessage, n), errs: make([]*string, n)}
+	for i, f := range fs {
+		a.ids[i], a.tokens[i], a.states[i] = f.ID, f.Token, f.State
+		a.delays[i], a.deltas[i] = f.Delay.Milliseconds(), int32(f.AttemptDelta)
+		if f.Delay < 0 {
+			a.delays[i] = -1 // keep run_at
+		}
+		a.results[i], a.errs[i] = f.Result, f.Err
+	}
+	return a
+}
+
+// Finish writes outcomes of jobs without dependents in one statement (the
+// function finish() of migration 6), one round trip and no explicit
+// transaction: terminal outcomes move the job to job_history, retries are
+// written in place. Each write is fenced by id, lease token and state
+// running.
+//
+// A row held by another transaction is Busy: finish it again alone with
+// FinishGraph and wait. A job that has dependents is left untouched and
+// reported as Graph: finish it with FinishGraph, which releases its
+// dependents in the same transaction. An error of the whole call may come
+// from any row: the caller splits the batch to find it (internal/isolate).
+func (s *Store) Finish(ctx context.Context, fs []Finish) (FinishResult, error) {
+	n := len(fs)
+	a := finishArraysOf(fs)
+	rows, err := s.pool.Query(ctx, s.fin.fast, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs,
+		s.channel, s.keepCompleted.Milliseconds(), s.keepFailed.Milliseconds(), MaxErrors)
+	if err != nil {
+		return FinishResult{}, err
+	}
+	res := FinishResult{Status: make(map[uuid.UUID]FinishStatus, n), State: make(map[uuid.UUID]string, n)}
+	var (
+		id     *[16]byte
+		state  *string
+		status *int16
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &state, &status}, func() error {
+		if id == nil {
+			return nil // a completion notice
+		}
+		switch *status {
+		case 0:
+			res.Status[*id], res.State[*id] = Written, *state
+		case 1:
+			res.Status[*id] = Busy
+		case 2:
+			res.Status[*id] = Refused
+		case 3:
+			res.Status[*id] = Graph
+		}
+		return nil
+	}); err != nil {
+		return FinishResult{}, err
+	}
+	if len(res.Status) != n {
+		return FinishResult{}, fmt.Errorf("finish answered for %d of %d jobs", len(res.Status), n)
+	}
+	return res, nil
+}
+
+// FinishGraph writes outcomes in one transaction, in place (the retirer
+// moves terminal rows to job_history later). Statement one writes every
 // row it can lock at once (all of them when wait is set, waiting up to
 // SlowLockTimeout); statement two, on a newer snapshot, finds which rows
 // that ended have dependents, and those are released in the same
@@ -168,26 +249,12 @@ SELECT count(*), count(pg_notify($3, json_build_object('done', id)::text)) FILTE
 // A row held by another transaction is Busy (only without wait): finish it
 // again alone with wait. An error of the whole call may come from any row:
 // the caller splits the batch to find it (internal/isolate).
-func (s *Store) Finish(ctx context.Context, fs []Finish, wait bool) (FinishResult, error) {
+func (s *Store) FinishGraph(ctx context.Context, fs []Finish, wait bool) (FinishResult, error) {
 	// In ID order, like every other writer that locks several rows.
 	fs = append([]Finish(nil), fs...)
 	sort.Slice(fs, func(i, j int) bool { return bytes.Compare(fs[i].ID[:], fs[j].ID[:]) < 0 })
 	n := len(fs)
-	ids := make([]uuid.UUID, n)
-	tokens := make([]uuid.UUID, n)
-	states := make([]string, n)
-	delays := make([]int64, n)
-	deltas := make([]int32, n)
-	results := make([]json.RawMessage, n)
-	errs := make([]*string, n)
-	for i, f := range fs {
-		ids[i], tokens[i], states[i] = f.ID, f.Token, f.State
-		delays[i], deltas[i] = f.Delay.Milliseconds(), int32(f.AttemptDelta)
-		if f.Delay < 0 {
-			delays[i] = -1 // keep run_at
-		}
-		results[i], errs[i] = f.Result, f.Err
-	}
+	a := finishArraysOf(fs)
 	stmt, timeout := s.fin.skip, FastLockTimeout
 	if wait {
 		stmt, timeout = s.fin.wait, SlowLockTimeout
@@ -195,7 +262,7 @@ func (s *Store) Finish(ctx context.Context, fs []Finish, wait bool) (FinishResul
 	var res FinishResult
 	err := s.runGraphTx(ctx, timeout, func(tx pgx.Tx, plan *lockPlan) error {
 		res = FinishResult{Status: make(map[uuid.UUID]FinishStatus, n), State: make(map[uuid.UUID]string, n)}
-		rows, err := tx.Query(ctx, stmt, Mode, ids16(ids), ids16(tokens), states, delays, deltas, results, errs, s.channel)
+		rows, err := tx.Query(ctx, stmt, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs, s.channel)
 		if err != nil {
 			return err
 		}
@@ -210,7 +277,7 @@ func (s *Store) Finish(ctx context.Context, fs []Finish, wait bool) (FinishResul
 			return err
 		}
 		// A newer snapshot: see the comment on finishSQL.ended.
-		rows, err = tx.Query(ctx, s.fin.ended, Mode, ids16(ids))
+		rows, err = tx.Query(ctx, s.fin.ended, Mode, a.ids)
 		if err != nil {
 			return err
 		}

@@ -63,10 +63,10 @@ type graphSQL struct {
 	lockKeys, tryKeys, tails, lockPrereqs, insert, insertUnique, edges, liveHolders string
 	level, lockCancel, lockCancelSkip, blockedCount, splice, release                string
 	read, lockOne, cancelQueued, requestCancel, markWaiting, orderPreds, lockShare  string
-	chainPreds, dependents, failDependent                                           string
+	chainPreds, dependents, failDependent, finishedStates, finishedState            string
 }
 
-const live = `('blocked', 'available', 'running')`
+const live = `('blocked', 'scheduled', 'available', 'running')`
 
 func (s *Store) buildGraph() {
 	g := &s.graph
@@ -86,16 +86,20 @@ ORDER BY j.ordering_key, j.created_at DESC, j.id DESC`
 	// caller announces it, to be delivered when the lock goes (at commit).
 	g.lockPrereqs = `SELECT id, state, type, tags, run_at FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE`
 	cols := `(id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state, blocked_by, ordering_key, unique_key, last_error, finished_at)`
-	sel := `SELECT t.id, t.type, t.args, t.tags, t.priority,
-	       COALESCE(t.run_at, now() + t.delay_ms * interval '1 millisecond'), t.max_attempts, t.timeout_ms,
-	       t.state, t.blocked_by, t.ordering_key, t.unique_key, t.last_error,
+	// A job that would be available but is due later is scheduled.
+	sel := `SELECT t.id, t.type, t.args, t.tags, t.priority, t.run_at, t.max_attempts, t.timeout_ms,
+	       CASE WHEN t.state = 'available' AND t.run_at > now() THEN 'scheduled' ELSE t.state END,
+	       t.blocked_by, t.ordering_key, t.unique_key, t.last_error,
 	       CASE WHEN t.state = 'cancelled' THEN now() END
-	FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::jsonb[], $5::smallint[], $6::timestamptz[], $7::bigint[], $8::integer[],
-	            $9::bigint[], $10::text[], $11::integer[], $12::text[], $13::text[], $14::text[])
-	     AS t(id, type, args, tags, priority, run_at, delay_ms, max_attempts, timeout_ms, state, blocked_by, ordering_key, unique_key, last_error)`
-	g.insert = `INSERT INTO ` + s.jobs + ` ` + cols + ` ` + sel + ` RETURNING id`
+	FROM (SELECT u.id, u.type, u.args, u.tags, u.priority, COALESCE(u.run_at, now() + u.delay_ms * interval '1 millisecond') AS run_at,
+	             u.max_attempts, u.timeout_ms, u.state, u.blocked_by, u.ordering_key, u.unique_key, u.last_error
+	      FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::jsonb[], $5::smallint[], $6::timestamptz[], $7::bigint[], $8::integer[],
+	                  $9::bigint[], $10::text[], $11::integer[], $12::text[], $13::text[], $14::text[])
+	           AS u(id, type, args, tags, priority, run_at, delay_ms, max_attempts, timeout_ms, state, blocked_by, ordering_key, unique_key, last_error)) t`
+	ret := ` RETURNING id, state, greatest(0, ceil(extract(epoch FROM run_at - now()) * 1000))::bigint`
+	g.insert = `INSERT INTO ` + s.jobs + ` ` + cols + ` ` + sel + ret
 	g.insertUnique = `INSERT INTO ` + s.jobs + ` ` + cols + ` ` + sel + `
-	ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ` + live + ` DO NOTHING RETURNING id`
+	ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ` + live + ` DO NOTHING` + ret
 	g.edges = `INSERT INTO ` + s.edges + ` (prereq, job, kind) SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[]) ON CONFLICT DO NOTHING`
 	g.liveHolders = `SELECT unique_key, id FROM ` + s.jobs + ` WHERE unique_key = ANY($1::text[]) AND state IN ` + live
 
@@ -151,14 +155,16 @@ SELECT count(*) FROM upd`
 ), upd AS (
 	UPDATE ` + s.jobs + ` j SET
 		blocked_by = j.blocked_by - agg.n,
-		state = CASE WHEN agg.bad IS NOT NULL THEN 'cancelled' WHEN j.blocked_by - agg.n <= 0 THEN 'available' ELSE 'blocked' END,
+		state = CASE WHEN agg.bad IS NOT NULL THEN 'cancelled'
+		             WHEN j.blocked_by - agg.n <= 0 THEN (CASE WHEN j.run_at > now() THEN 'scheduled' ELSE 'available' END)
+		             ELSE 'blocked' END,
 		last_error = CASE WHEN agg.bad IS NOT NULL THEN 'cancelled: prerequisite ' || agg.bad ELSE j.last_error END,
 		finished_at = CASE WHEN agg.bad IS NOT NULL THEN now() END
 	FROM agg WHERE j.id = agg.job AND j.state = 'blocked'
 	RETURNING j.id, j.state, j.type, j.tags, j.run_at, j.notify_done
 )
 SELECT u.id, u.state, u.type, u.tags, u.run_at, greatest(0, ceil(extract(epoch FROM u.run_at - now()) * 1000))::bigint
-FROM upd u WHERE u.state IN ('cancelled', 'available')
+FROM upd u WHERE u.state IN ('cancelled', 'scheduled', 'available')
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_object('done', u.id)::text) FROM upd u
 	WHERE u.notify_done AND u.state = 'cancelled') w`
@@ -174,11 +180,15 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_
 	WHERE id = $2 AND state = 'blocked' RETURNING id, notify_done
 )
 SELECT count(*), count(pg_notify($4, json_build_object('done', id)::text)) FILTER (WHERE notify_done) FROM u`
-	g.read = `SELECT state, COALESCE(ordering_key, '') FROM ` + s.jobs + ` WHERE id = $1`
+	g.read = `SELECT state, COALESCE(ordering_key, '') FROM ` + s.jobs + ` WHERE id = $1
+UNION ALL SELECT state, '' FROM ` + s.history + ` WHERE id = $1 LIMIT 1`
+	// Finished jobs' states, for prerequisites no longer in jobs.
+	g.finishedStates = `SELECT id, state FROM ` + s.history + ` WHERE id = ANY($1::uuid[])`
+	g.finishedState = `SELECT state FROM ` + s.history + ` WHERE id = $1`
 	g.lockOne = `SELECT state FROM ` + s.jobs + ` WHERE id = $1 FOR UPDATE`
 	g.cancelQueued = `WITH c AS (
 	UPDATE ` + s.jobs + ` SET state = 'cancelled', finished_at = now(), last_error = 'cancelled by request'
-	WHERE id = $1 AND state IN ('blocked', 'available') RETURNING id, notify_done
+	WHERE id = $1 AND state IN ('blocked', 'scheduled', 'available') RETURNING id, notify_done
 )
 SELECT count(*), count(pg_notify($2, json_build_object('done', id)::text)) FILTER (WHERE notify_done) FROM c`
 	g.requestCancel = `WITH c AS (
@@ -482,7 +492,8 @@ func (s *Store) releaseIn(ctx context.Context, tx pgx.Tx, frontier, only []uuid.
 		case *state == "cancelled":
 			next = append(next, *id)
 		default:
-			avail = append(avail, Avail{Type: *typ, Tags: slices.Clone(tags), RunAt: *runAt, In: time.Duration(*inMS) * time.Millisecond})
+			avail = append(avail, Avail{Type: *typ, Tags: slices.Clone(tags), RunAt: *runAt, In: time.Duration(*inMS) * time.Millisecond,
+				Scheduled: *state == "scheduled"})
 		}
 		return nil
 	})

@@ -33,11 +33,10 @@ type GraphJob struct {
 type Inserted struct {
 	ID        uuid.UUID // the new job, or the existing one for a duplicate
 	Duplicate bool      // a live job with the same unique key existed
-	State     string    // state of the new job (blocked, available, cancelled)
+	State     string    // state of the new job (blocked, scheduled, available, cancelled)
 	Type      string
 	Tags      []byte
-	Delay     time.Duration
-	RunAt     *time.Time
+	In        time.Duration // scheduled: how long until it is due
 }
 
 // GraphResult is what InsertGraph did.
@@ -169,6 +168,26 @@ func (g *graphInsert) lockPrerequisites(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	// Not live: finished (in job_history; read on a newer snapshot, so a
+	// job whose move committed while the lock waited is found) or unknown.
+	var gone []uuid.UUID
+	for _, id := range ids {
+		if _, ok := g.states[id]; !ok {
+			gone = append(gone, id)
+		}
+	}
+	if len(gone) > 0 {
+		rows, err := g.tx.Query(ctx, g.s.graph.finishedStates, Mode, gone)
+		if err != nil {
+			return err
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error {
+			g.states[id] = state
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
 	var unknown []string
 	for _, id := range ids {
 		if _, ok := g.states[id]; !ok {
@@ -190,7 +209,7 @@ func (g *graphInsert) lockPrerequisites(ctx context.Context) error {
 func (g *graphInsert) planEdges(context.Context) error {
 	for _, i := range topoOrder(g.jobs, g.inBatch) {
 		j := g.jobs[i]
-		g.out[i] = Inserted{ID: j.ID, State: "available", Type: j.Type, Tags: j.Tags, Delay: j.Delay, RunAt: j.RunAt}
+		g.out[i] = Inserted{ID: j.ID, State: "available", Type: j.Type, Tags: j.Tags}
 		for _, d := range j.DependsOn {
 			st := g.states[d]
 			if bi, in := g.inBatch[d]; in {
@@ -351,15 +370,21 @@ func (g *graphInsert) insertSome(ctx context.Context, idx []int) (map[uuid.UUID]
 	if err != nil {
 		return nil, err
 	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[uuid.UUID]bool, len(got))
-	for _, id := range got {
+	out := make(map[uuid.UUID]bool, len(idx))
+	var (
+		id    uuid.UUID
+		state string
+		inMS  int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &state, &inMS}, func() error {
 		out[id] = true
-	}
-	return out, nil
+		if x, ok := g.inBatch[id]; ok {
+			g.out[x].State = state // as the database decided (scheduled when due later)
+			g.out[x].In = time.Duration(inMS) * time.Millisecond
+		}
+		return nil
+	})
+	return out, err
 }
 
 // insertEdges writes the edges of the jobs that were inserted.

@@ -2,76 +2,30 @@ package store
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
-// CleanResult counts what one cleaner statement deleted.
-type CleanResult struct {
-	Jobs int // finished jobs
-	Runs int // periodic_runs rows
-}
-
 type maintSQL struct {
-	cleanJobs, cleanRuns, stats, lastPlans, claimPlans string
+	stats, lastPlans, claimPlans string
 }
 
 func (s *Store) buildMaintenance() {
 	m := &s.maint
-	m.cleanJobs, m.cleanRuns = s.cleanSQL()
 	runsT := pgx.Identifier{s.schema, "periodic_runs"}.Sanitize()
 	m.stats = `SELECT state, type, '' AS worker, count(*),
 	       COALESCE(max(extract(epoch FROM now() - run_at)) FILTER (WHERE state = 'available' AND run_at <= now()), 0)
 FROM ` + s.jobs + ` GROUP BY state, type
 UNION ALL
+SELECT state, type, '', count(*), 0 FROM ` + s.history + ` GROUP BY state, type
+UNION ALL
 SELECT 'running', '', COALESCE(worker, ''), count(*), 0 FROM ` + s.jobs + ` WHERE state = 'running' GROUP BY worker`
 	m.lastPlans = `SELECT name, max(plan_time) FROM ` + runsT + ` WHERE name = ANY($1::text[]) GROUP BY name`
 	m.claimPlans = `INSERT INTO ` + runsT + ` (name, plan_time, job_id)
 SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::uuid[]) ON CONFLICT DO NOTHING RETURNING job_id`
-}
-
-func (s *Store) cleanSQL() (jobs, runs string) {
-	runsT := pgx.Identifier{s.schema, "periodic_runs"}.Sanitize()
-	// Oldest finished jobs first, along the finished-jobs index; rows
-	// someone holds (a Wait or a Job lookup does not lock) are skipped.
-	jobs = `WITH d AS (
-	SELECT id FROM ` + s.jobs + `
-	WHERE state IN ('completed', 'failed', 'cancelled')
-	  AND finished_at < now() - $2::bigint * interval '1 millisecond'
-	  AND finished_at < now() - (CASE WHEN state = 'completed' THEN $1::bigint ELSE $4::bigint END) * interval '1 millisecond'
-	ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED
-)
-DELETE FROM ` + s.jobs + ` j USING d WHERE j.id = d.id`
-	// The latest run of each schedule is kept whatever its age: it is the
-	// schedule's memory of which plan was enqueued last.
-	runs = `WITH d AS (
-	SELECT r.name, r.plan_time FROM ` + runsT + ` r
-	WHERE r.created_at < now() - $1::bigint * interval '1 millisecond'
-	  AND r.plan_time < (SELECT max(m.plan_time) FROM ` + runsT + ` m WHERE m.name = r.name)
-	LIMIT $2::integer FOR UPDATE SKIP LOCKED
-)
-DELETE FROM ` + runsT + ` r USING d WHERE r.name = d.name AND r.plan_time = d.plan_time`
-	return jobs, runs
-}
-
-// Clean deletes up to limit completed jobs finished more than completed ago
-// and failed or cancelled ones finished more than failed ago, plus up to
-// limit periodic_runs rows older than failed (never a schedule's latest).
-func (s *Store) Clean(ctx context.Context, completed, failed time.Duration, limit int) (CleanResult, error) {
-	var r CleanResult
-	tag, err := s.pool.Exec(ctx, s.maint.cleanJobs, Mode, completed.Milliseconds(), min(completed, failed).Milliseconds(), limit, failed.Milliseconds())
-	if err != nil {
-		return r, err
-	}
-	r.Jobs = int(tag.RowsAffected())
-	tag, err = s.pool.Exec(ctx, s.maint.cleanRuns, Mode, failed.Milliseconds(), limit)
-	if err != nil {
-		return r, err
-	}
-	r.Runs = int(tag.RowsAffected())
-	return r, nil
 }
 
 // StatsRow is one line of Stats: a (state, type) count, or a running count
@@ -132,4 +86,48 @@ func (s *Store) ClaimPlans(ctx context.Context, tx pgx.Tx, names []string, plans
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+}
+
+// Snapshot is the oldest transaction that holds back the cleanup of dead
+// rows in this database: a session's open transaction (its snapshot), or a
+// prepared transaction.
+type Snapshot struct {
+	Kind        string // "session" or "prepared transaction"
+	PID         int    // the session's process ID (0 for a prepared transaction)
+	Age         time.Duration
+	State       string // the session's state, e.g. "idle in transaction"
+	Application string // application_name, or the prepared transaction's GID
+	Query       string // the session's current or last statement (first 200 bytes), when visible
+}
+
+const oldestSnapshotSQL = `SELECT kind, pid, age_ms, state, app, query FROM (
+	SELECT 'session' AS kind, pid, (extract(epoch FROM now() - xact_start) * 1000)::bigint AS age_ms,
+	       COALESCE(state, '') AS state, COALESCE(application_name, '') AS app, COALESCE(left(query, 200), '') AS query
+	FROM pg_stat_activity
+	WHERE backend_xmin IS NOT NULL AND xact_start IS NOT NULL AND pid <> pg_backend_pid()
+	  AND datname = current_database() AND backend_type NOT LIKE 'autovacuum%'
+	UNION ALL
+	SELECT 'prepared transaction', 0, (extract(epoch FROM now() - prepared) * 1000)::bigint, '', gid, ''
+	FROM pg_prepared_xacts WHERE database = current_database()
+) h ORDER BY age_ms DESC LIMIT 1`
+
+// OldestSnapshot returns the oldest transaction holding back cleanup in
+// this database, or nil when none is open. Sessions of other roles are
+// seen only with the pg_read_all_stats role.
+func (s *Store) OldestSnapshot(ctx context.Context) (*Snapshot, error) {
+	var h Snapshot
+	var pid *int32
+	var ageMS int64
+	err := s.pool.QueryRow(ctx, oldestSnapshotSQL, Mode).Scan(&h.Kind, &pid, &ageMS, &h.State, &h.Application, &h.Query)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if pid != nil {
+		h.PID = int(*pid)
+	}
+	h.Age = time.Duration(ageMS) * time.Millisecond
+	return &h, nil
 }

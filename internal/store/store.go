@@ -53,8 +53,12 @@ type Store struct {
 	pool    *pgxpool.Pool
 	schema  string
 	channel string // NOTIFY channel of this schema
-	jobs    string // quoted, schema-qualified jobs table
+	jobs    string // quoted, schema-qualified jobs table (live jobs)
+	history string // quoted, schema-qualified job_history table (finished jobs)
 	edges   string // quoted, schema-qualified job_edges table
+
+	// Retention of finished jobs, written into job_history's expires_at.
+	keepCompleted, keepFailed time.Duration
 
 	sql struct {
 		insert, claim, get, notify, notifyAsync, now string
@@ -62,6 +66,7 @@ type Store struct {
 	fin   finishSQL
 	graph graphSQL
 	maint maintSQL
+	hist  historySQL
 }
 
 // ChannelName is the NOTIFY channel used for a schema.
@@ -70,14 +75,22 @@ func ChannelName(schema string) string { return schema + ".backlog" }
 // New prepares the statement texts for schema, which the caller has already
 // validated as a plain identifier.
 func New(pool *pgxpool.Pool, schema string) *Store {
-	s := &Store{pool: pool, schema: schema, channel: ChannelName(schema)}
+	s := &Store{pool: pool, schema: schema, channel: ChannelName(schema), keepCompleted: 24 * time.Hour, keepFailed: 7 * 24 * time.Hour}
 	s.jobs = pgx.Identifier{schema, "jobs"}.Sanitize()
+	s.history = pgx.Identifier{schema, "job_history"}.Sanitize()
 	s.edges = pgx.Identifier{schema, "job_edges"}.Sanitize()
 	s.buildCore()
 	s.buildFinish()
 	s.buildGraph()
 	s.buildMaintenance()
+	s.buildHistory()
 	return s
+}
+
+// SetRetention sets how long finished jobs are kept: completed ones, and
+// failed or cancelled ones. Call it before the store is used.
+func (s *Store) SetRetention(completed, failed time.Duration) {
+	s.keepCompleted, s.keepFailed = completed, failed
 }
 
 // Schema is the store's schema.
@@ -90,15 +103,31 @@ func (s *Store) Channel() string { return s.channel }
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 func (s *Store) buildCore() {
+	// A job due later (by the database clock) is inserted scheduled: the
+	// promoter makes it available when it is due. The statement reports
+	// how many jobs it made available and when the earliest scheduled one
+	// is due, and, when $11 holds payloads (a quiet process's inline
+	// NOTIFY), sends them if a job was made available, and a scheduled
+	// posting if one was scheduled.
 	s.sql.insert = `WITH ins AS (
-	INSERT INTO ` + s.jobs + ` (id, type, args, tags, priority, run_at, max_attempts, timeout_ms)
-	SELECT t.id, t.type, t.args, t.tags, t.priority,
-	       COALESCE(t.run_at, now() + t.delay_ms * interval '1 millisecond'), t.max_attempts, t.timeout_ms
-	FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::jsonb[], $5::smallint[], $6::timestamptz[], $7::bigint[], $8::integer[], $9::bigint[])
-	     AS t(id, type, args, tags, priority, run_at, delay_ms, max_attempts, timeout_ms)
-	RETURNING 1
+	INSERT INTO ` + s.jobs + ` (id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state)
+	SELECT t.id, t.type, t.args, t.tags, t.priority, t.run_at, t.max_attempts, t.timeout_ms,
+	       CASE WHEN t.run_at > now() THEN 'scheduled' ELSE 'available' END
+	FROM (SELECT u.id, u.type, u.args, u.tags, u.priority, COALESCE(u.run_at, now() + u.delay_ms * interval '1 millisecond') AS run_at,
+	             u.max_attempts, u.timeout_ms
+	      FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::jsonb[], $5::smallint[], $6::timestamptz[], $7::bigint[], $8::integer[], $9::bigint[])
+	           AS u(id, type, args, tags, priority, run_at, delay_ms, max_attempts, timeout_ms)) t
+	RETURNING state, run_at
+), agg AS (
+	SELECT count(*) AS n, count(*) FILTER (WHERE state = 'available') AS avail,
+	       ceil(extract(epoch FROM min(run_at) FILTER (WHERE state = 'scheduled') - now()) * 1000)::bigint AS sched_ms
+	FROM ins
 )
-SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM (SELECT pg_notify($10, p) FROM unnest($11::text[]) AS p WHERE EXISTS (SELECT 1 FROM ins)) n)`
+SELECT a.n, a.avail, a.sched_ms,
+       (SELECT count(*) FROM (SELECT pg_notify($10, p) FROM unnest($11::text[]) AS p WHERE a.avail > 0) n)
+     + (SELECT count(*) FROM (SELECT pg_notify($10, json_build_object('sched', true, 'in', greatest(a.sched_ms, 0))::text)
+                              WHERE a.sched_ms IS NOT NULL AND cardinality($11::text[]) > 0) s)
+FROM agg a`
 
 	// The claim is the function claim() of migration 0004: it locks up to
 	// $3 due jobs of the domain, marks them running under a fresh lease
@@ -108,9 +137,14 @@ SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM (SELECT pg_notify($10, 
 	// held them locked. The function keeps its plans for the session.
 	s.sql.claim = `SELECT * FROM ` + pgx.Identifier{s.schema, "claim"}.Sanitize() + `($1::text[], $2::jsonb, $3::integer, $4::bigint, $5::text)`
 
-	s.sql.get = `SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
-	COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at
-FROM ` + s.jobs + ` WHERE id = $1`
+	// A job is in jobs while live and in job_history once finished (the
+	// move is one transaction, so one snapshot sees it in exactly one).
+	getCols := `id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
+	COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at`
+	s.sql.get = `SELECT ` + getCols + ` FROM ` + s.jobs + ` WHERE id = $1
+UNION ALL
+SELECT ` + getCols + ` FROM ` + s.history + ` WHERE id = $1
+LIMIT 1`
 
 	s.sql.notify = `SELECT count(*) FROM (SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p) n`
 	// set_config(…, true) lasts until the end of the statement's implicit
@@ -145,6 +179,9 @@ type Avail struct {
 	Tags  json.RawMessage
 	RunAt time.Time // on the database clock
 	In    time.Duration
+	// Scheduled: the job waits as scheduled until In has passed (the
+	// promoter's concern); else it is available now.
+	Scheduled bool
 }
 
 // NewJob is one row to insert.
@@ -160,9 +197,20 @@ type NewJob struct {
 	Timeout     time.Duration
 }
 
-// Insert writes jobs in one statement and, in the same statement, sends the
-// given NOTIFY payloads (delivered when the surrounding transaction commits).
-func (s *Store) Insert(ctx context.Context, db DB, jobs []NewJob, payloads []string) error {
+// InsertResult is what an Insert wrote, as the database decided it.
+type InsertResult struct {
+	// Available is how many jobs were inserted due (state available).
+	Available int
+	// SchedIn is when the earliest job inserted as scheduled is due; < 0:
+	// none was.
+	SchedIn time.Duration
+}
+
+// Insert writes jobs in one statement. With payloads (NOTIFY postings of
+// the jobs' types and tags), the same statement sends them when a job was
+// made available, and a scheduled posting when one was scheduled
+// (delivered when the surrounding transaction commits).
+func (s *Store) Insert(ctx context.Context, db DB, jobs []NewJob, payloads []string) (InsertResult, error) {
 	n := len(jobs)
 	ids := make([]uuid.UUID, n)
 	types := make([]string, n)
@@ -182,21 +230,27 @@ func (s *Store) Insert(ctx context.Context, db DB, jobs []NewJob, payloads []str
 	if payloads == nil {
 		payloads = []string{}
 	}
-	var inserted, notified int64
+	var inserted, avail, notified int64
+	var schedMS *int64
 	params := []any{ids16(ids), types, args, tags, prios, runAts, delays, maxAtt, timeouts, s.channel, payloads}
 	// [16]byte IDs need the server's parameter types: modes that do not
 	// ask for them (exec, simple protocol) use the describe mode instead.
 	if m := s.pool.Config().ConnConfig.DefaultQueryExecMode; m == pgx.QueryExecModeExec || m == pgx.QueryExecModeSimpleProtocol {
 		params = append([]any{Mode}, params...)
 	}
-	err := db.QueryRow(ctx, s.sql.insert, params...).Scan(&inserted, &notified)
+	res := InsertResult{SchedIn: -1}
+	err := db.QueryRow(ctx, s.sql.insert, params...).Scan(&inserted, &avail, &schedMS, &notified)
 	if err != nil {
-		return err
+		return res, err
 	}
 	if inserted != int64(n) {
-		return fmt.Errorf("inserted %d of %d jobs", inserted, n)
+		return res, fmt.Errorf("inserted %d of %d jobs", inserted, n)
 	}
-	return nil
+	res.Available = int(avail)
+	if schedMS != nil {
+		res.SchedIn = max(0, time.Duration(*schedMS)*time.Millisecond)
+	}
+	return res, nil
 }
 
 // Notify sends NOTIFY postings in a transaction of their own: one

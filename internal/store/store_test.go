@@ -5,7 +5,10 @@ import (
 	"os"
 	"reflect"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog/internal/migrate"
@@ -18,6 +21,18 @@ func TestMain(m *testing.M) {
 	// After every test's cleanup (which drops its schema on this pool).
 	testdb.Close()
 	os.Exit(code)
+}
+
+// newTestStore migrates a fresh schema and returns a store on it.
+func newTestStore(t *testing.T) (*Store, *pgxpool.Pool, string) {
+	t.Helper()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	ms, err := migrate.Load(migrations.FS)
+	require.NoError(t, err)
+	_, err = migrate.Up(context.Background(), pool, schema, ms)
+	require.NoError(t, err)
+	return New(pool, schema), pool, schema
 }
 
 // TestStatementsPrepare parses and plans every statement against a real
@@ -55,6 +70,7 @@ func TestStatementsPrepare(t *testing.T) {
 	check(reflect.ValueOf(s.fin), "fin.")
 	check(reflect.ValueOf(s.graph), "graph.")
 	check(reflect.ValueOf(s.maint), "maint.")
+	check(reflect.ValueOf(s.hist), "hist.")
 	require.Greater(t, n, 40)
 }
 
@@ -63,13 +79,7 @@ func TestStatementsPrepare(t *testing.T) {
 // table sequentially once it has grown.
 func TestClaimPlanStaysOnTheIndexes(t *testing.T) {
 	ctx := context.Background()
-	pool := testdb.Pool(t)
-	schema := testdb.Schema(t)
-	ms, err := migrate.Load(migrations.FS)
-	require.NoError(t, err)
-	_, err = migrate.Up(ctx, pool, schema, ms)
-	require.NoError(t, err)
-	s := New(pool, schema)
+	s, pool, schema := newTestStore(t)
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
@@ -111,4 +121,111 @@ func TestClaimPlanStaysOnTheIndexes(t *testing.T) {
 		require.Equal(t, 3, n)
 		require.NoError(t, tx.Rollback(ctx))
 	}
+}
+
+// TestScheduledJobsStayOutOfTheClaimPath: with a million jobs scheduled
+// next week, a claim that comes back short, the check for skipped jobs and
+// the promoter read a handful of index entries, not the scheduled ones.
+func TestScheduledJobsStayOutOfTheClaimPath(t *testing.T) {
+	n := 1_000_000
+	if testing.Short() {
+		n = 100_000
+	}
+	ctx := context.Background()
+	s, pool, schema := newTestStore(t)
+	jobs := `"` + schema + `".jobs`
+	// IDs in order (like UUIDv7s), so the seeding appends to the index.
+	_, err := pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args, state, priority, run_at)
+		SELECT ('00000000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, '{}', 'scheduled', g % 3,
+		       now() + interval '7 days' + g * interval '1 millisecond'
+		FROM generate_series(1, $1) g`, n)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args, priority) SELECT gen_random_uuid(), 'a', '{}', g % 3 FROM generate_series(1, 5) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ANALYZE `+jobs)
+	require.NoError(t, err)
+
+	// blocks runs sql under EXPLAIN (ANALYZE, BUFFERS), rolled back, and
+	// returns the shared buffers it touched, the function's own statements
+	// included.
+	// The second run on one connection: the first also reads the catalogs
+	// while it plans.
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	blocks := func(sql string, args ...any) int {
+		n := 0
+		for range 2 {
+			tx, err := conn.Begin(ctx)
+			require.NoError(t, err)
+			var plan []map[string]any
+			require.NoError(t, tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+sql, args...).Scan(&plan))
+			require.NoError(t, tx.Rollback(ctx))
+			p := plan[0]["Plan"].(map[string]any)
+			n = int(p["Shared Hit Blocks"].(float64) + p["Shared Read Blocks"].(float64))
+		}
+		return n
+	}
+	for _, types := range [][]string{{"a"}, {"a", "b"}} {
+		b := blocks(s.sql.claim, types, `{}`, 100, 30000, "w")
+		require.Less(t, b, 200, "a short claim of %v read the scheduled jobs (%d buffers)", types, b)
+	}
+	b := blocks(s.hist.promote, 1000)
+	require.Less(t, b, 200, "the promoter read the scheduled jobs (%d buffers)", b)
+}
+
+// TestFinishStatuses: the one-statement finish writes what it may and says
+// why it left the rest: a job with a dependent goes to the transactional
+// path untouched, a stale token is refused, a row another transaction
+// holds is busy.
+func TestFinishStatuses(t *testing.T) {
+	ctx := context.Background()
+	s, pool, schema := newTestStore(t)
+	jobs := `"` + schema + `".jobs`
+	_, err := pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args) SELECT gen_random_uuid(), 'a', '{}' FROM generate_series(1, 6)`)
+	require.NoError(t, err)
+	res, err := s.Claim(ctx, []string{"a"}, []byte(`{}`), 6, time.Minute, "w")
+	require.NoError(t, err)
+	require.Len(t, res.Jobs, 6)
+	done, retry, withDep, stale, busy, cancelled := res.Jobs[0], res.Jobs[1], res.Jobs[2], res.Jobs[3], res.Jobs[4], res.Jobs[5]
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".job_edges (prereq, job, kind) VALUES ($1, gen_random_uuid(), 'depends')`, withDep.ID)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE `+jobs+` SET cancel_requested = true WHERE id = $1`, cancelled.ID)
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+jobs+` WHERE id = $1 FOR KEY SHARE`, busy.ID)
+	require.NoError(t, err)
+
+	msg := "boom"
+	out, err := s.Finish(ctx, []Finish{
+		{ID: done.ID, Token: done.Token, State: "completed", Result: []byte(`{"ok":1}`)},
+		{ID: retry.ID, Token: retry.Token, State: "available", Delay: time.Hour, Err: &msg},
+		{ID: withDep.ID, Token: withDep.Token, State: "completed"},
+		{ID: stale.ID, Token: done.Token, State: "completed"},
+		{ID: busy.ID, Token: busy.Token, State: "completed"},
+		{ID: cancelled.ID, Token: cancelled.Token, State: "available", Err: &msg},
+	})
+	require.NoError(t, err)
+	require.Equal(t, map[uuid.UUID]FinishStatus{done.ID: Written, retry.ID: Written, withDep.ID: Graph, stale.ID: Refused,
+		busy.ID: Busy, cancelled.ID: Written}, out.Status)
+	require.Equal(t, map[uuid.UUID]string{done.ID: "completed", retry.ID: "scheduled", cancelled.ID: "cancelled"}, out.State)
+
+	where := func(id uuid.UUID) (table, state string) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT 'jobs', state FROM `+jobs+` WHERE id = $1
+			UNION ALL SELECT 'job_history', state FROM "`+schema+`".job_history WHERE id = $1`, id).Scan(&table, &state))
+		return table, state
+	}
+	for _, c := range []struct {
+		id           uuid.UUID
+		table, state string
+	}{{done.ID, "job_history", "completed"}, {retry.ID, "jobs", "scheduled"}, {withDep.ID, "jobs", "running"},
+		{stale.ID, "jobs", "running"}, {busy.ID, "jobs", "running"}, {cancelled.ID, "job_history", "cancelled"}} {
+		table, state := where(c.id)
+		require.Equal(t, c.table+" "+c.state, table+" "+state, c.id)
+	}
+	var lastErr string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT last_error FROM "`+schema+`".job_history WHERE id = $1`, cancelled.ID).Scan(&lastErr))
+	require.Equal(t, "cancelled by request; its last attempt ended with: boom", lastErr)
 }

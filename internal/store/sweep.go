@@ -33,8 +33,7 @@ type SweepResult struct {
 func (s *Store) SweepExpired(ctx context.Context, limit int) (SweepResult, error) {
 	var res SweepResult
 	// Usually nothing has expired: one statement, no transaction.
-	var found bool
-	if err := s.pool.QueryRow(ctx, s.fin.anyExpired, Mode).Scan(&found); err != nil || !found {
+	if in, ok, err := s.NextExpiry(ctx); err != nil || !ok || in > 0 {
 		return res, err
 	}
 	err := s.sweepTx(ctx, nil, limit, false, &res)
@@ -160,4 +159,14 @@ func (s *Store) failExpired(ctx context.Context, id uuid.UUID, reason string, ou
 	out.Poisoned += res.Poisoned
 	out.Avail = append(out.Avail, res.Avail...)
 	return nil
+}
+
+// NextExpiry returns how long until the earliest lease of a running job
+// expires (<= 0: one has expired), and false when no job is running.
+func (s *Store) NextExpiry(ctx context.Context) (time.Duration, bool, error) {
+	var ms *int64
+	if err := s.pool.QueryRow(ctx, s.fin.nextExpiry, Mode).Scan(&ms); err != nil || ms == nil {
+		return 0, false, err
+	}
+	return time.Duration(*ms) * time.Millisecond, true, nil
 }

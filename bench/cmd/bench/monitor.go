@@ -50,8 +50,12 @@ func (m *monitor) pending(ctx context.Context) (bool, error) {
 
 // count returns how many jobs are in state.
 func (m *monitor) count(ctx context.Context, state string) (int64, error) {
+	table := m.jobs.table
+	if state == "completed" && m.jobs.doneTable != "" {
+		table = m.jobs.doneTable
+	}
 	var n int64
-	err := m.row(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE state = $1`, m.jobs.table), state).Scan(&n)
+	err := m.row(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE state = $1`, table), state).Scan(&n)
 	return n, err
 }
 

@@ -143,5 +143,6 @@ func (s *backlogSys) Pool() *pgxpool.Pool   { return s.pool }
 func (s *backlogSys) Counter() *stmtCounter { return &s.counter }
 
 func (s *backlogSys) Tables() jobTables {
-	return jobTables{table: pgx.Identifier{s.schema, "jobs"}.Sanitize(), readyState: "available"}
+	return jobTables{table: pgx.Identifier{s.schema, "jobs"}.Sanitize(), doneTable: pgx.Identifier{s.schema, "job_history"}.Sanitize(),
+		readyState: "available"}
 }

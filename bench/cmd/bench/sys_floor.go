@@ -61,7 +61,7 @@ func (s *floorSys) Start(_ context.Context, _ workSpec) error {
 				// The call backlog's completer makes; like it, write rows a
 				// concurrent claim held for a moment (busy) again.
 				for len(fs) > 0 && ctx.Err() == nil {
-					res, err := st.Finish(ctx, fs, false)
+					res, err := st.Finish(ctx, fs)
 					if err != nil {
 						s.fail(ctx, fmt.Errorf("floor finish: %w", err))
 						break

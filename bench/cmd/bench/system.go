@@ -48,6 +48,7 @@ type system interface {
 // jobTables describes a system's job table for the monitor's queries.
 type jobTables struct {
 	table      string // schema-qualified, quoted
+	doneTable  string // where completed jobs are, when not in table
 	readyState string // the state of a job waiting to run
 }
 

@@ -1,0 +1,371 @@
+-- A lean hot table: finished jobs move to job_history, and jobs due later
+-- wait in their own state, out of the claim path.
+--
+-- Measured before choosing (bench/cmd/hotdesign): finishing by moving the
+-- row into a history table partitioned by expiry costs the burn-down about
+-- what updating it in place costs, and retiring it later is a DROP of a
+-- whole partition instead of a DELETE and a VACUUM per row.
+
+-- 'scheduled': waiting for a future run_at. Every 'available' job is due,
+-- so a claim that comes back short never walks jobs due next week; the
+-- promoter (promote()) makes scheduled jobs available when they are due.
+ALTER TABLE jobs DROP CONSTRAINT jobs_state_check,
+    ADD CONSTRAINT jobs_state_check
+    CHECK (state IN ('blocked', 'scheduled', 'available', 'running', 'completed', 'failed', 'cancelled'));
+UPDATE jobs SET state = 'scheduled' WHERE state = 'available' AND run_at > now();
+DROP INDEX jobs_run_at_idx;
+CREATE INDEX jobs_scheduled_idx ON jobs (run_at) WHERE state = 'scheduled';
+
+-- Live now includes scheduled.
+DROP INDEX jobs_unique_key_idx;
+CREATE UNIQUE INDEX jobs_unique_key_idx ON jobs (unique_key)
+    WHERE unique_key IS NOT NULL AND state IN ('blocked', 'scheduled', 'available', 'running');
+DROP INDEX jobs_ordering_live_idx;
+CREATE INDEX jobs_ordering_live_idx ON jobs (ordering_key)
+    WHERE ordering_key IS NOT NULL AND state IN ('blocked', 'scheduled', 'available', 'running');
+
+-- Finished jobs, kept until expires_at (finished_at plus the retention of
+-- their state). Partitioned by expiry, one partition a UTC day
+-- (job_history_pYYYYMMDD), created ahead by history_partitions() and
+-- dropped whole by drop_expired_history(); the default partition only
+-- catches rows no day partition takes (normally none).
+CREATE TABLE job_history (
+    id           uuid        NOT NULL,
+    type         text        NOT NULL,
+    args         jsonb       NOT NULL,
+    tags         jsonb       NOT NULL,
+    state        text        NOT NULL,
+    priority     smallint    NOT NULL,
+    run_at       timestamptz NOT NULL,
+    attempt      integer     NOT NULL,
+    max_attempts integer     NOT NULL,
+    timeout_ms   bigint      NOT NULL,
+    worker       text,
+    ordering_key text,
+    unique_key   text,
+    result       jsonb,
+    last_error   text,
+    errors       jsonb       NOT NULL,
+    created_at   timestamptz NOT NULL,
+    started_at   timestamptz,
+    finished_at  timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL
+) PARTITION BY RANGE (expires_at);
+CREATE INDEX job_history_id_idx ON job_history (id);
+CREATE TABLE job_history_default PARTITION OF job_history DEFAULT;
+
+-- Every job, live or finished, for people and tools reading the queue
+-- with SQL.
+CREATE VIEW all_jobs AS
+    SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms, worker,
+           ordering_key, unique_key, result, last_error, errors, created_at, started_at, finished_at, NULL::timestamptz AS expires_at
+    FROM jobs
+    UNION ALL
+    SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms, worker,
+           ordering_key, unique_key, result, last_error, errors, created_at, started_at, finished_at, expires_at
+    FROM job_history;
+
+-- Creates the day partitions for expiries from today to p_days ahead
+-- (UTC), unless the default partition already holds rows of that day.
+-- Safe to call from many processes at once.
+CREATE FUNCTION history_partitions(p_days integer) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+    v_day  date;
+    v_name text;
+    v_made integer := 0;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext(current_schema()), hashtext('history_partitions'));
+    FOR i IN 0..p_days LOOP
+        v_day := (now() AT TIME ZONE 'UTC')::date + i;
+        v_name := 'job_history_p' || to_char(v_day, 'YYYYMMDD');
+        CONTINUE WHEN to_regclass(format('%I.%I', current_schema(), v_name)) IS NOT NULL;
+        BEGIN
+            EXECUTE format('CREATE TABLE %I PARTITION OF job_history FOR VALUES FROM (%L) TO (%L)',
+                v_name, v_day::timestamp AT TIME ZONE 'UTC', (v_day + 1)::timestamp AT TIME ZONE 'UTC');
+            v_made := v_made + 1;
+        EXCEPTION WHEN check_violation THEN
+            -- The default partition holds rows of that day: they stay
+            -- there and expire from it (drop_expired_history).
+            NULL;
+        END;
+    END LOOP;
+    RETURN v_made;
+END
+$$;
+
+-- Drops the day partitions whose every row has expired, and deletes up to
+-- p_limit expired rows from the default partition. A partition that
+-- cannot be locked within the lock timeout (a long query reading it) is
+-- left for the next call, so no finish ever queues behind the drop.
+CREATE FUNCTION drop_expired_history(p_limit integer) RETURNS TABLE (partitions integer, rows_deleted integer)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET lock_timeout = '50ms'
+AS $$
+DECLARE
+    v_name text;
+    v_parts integer := 0;
+    v_rows integer := 0;
+BEGIN
+    FOR v_name IN
+        SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = 'job_history'::regclass AND c.relname ~ '^job_history_p[0-9]{8}$'
+          AND to_date(substr(c.relname, 14), 'YYYYMMDD') + 1 <= (now() AT TIME ZONE 'UTC')::date
+        ORDER BY c.relname
+    LOOP
+        BEGIN
+            EXECUTE format('DROP TABLE %I', v_name);
+            v_parts := v_parts + 1;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+    DELETE FROM job_history_default WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM job_history_default WHERE expires_at < now() LIMIT p_limit));
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    RETURN QUERY SELECT v_parts, v_rows;
+END
+$$;
+
+-- Moves finished rows of jobs into job_history: the ones written in place
+-- by the graph paths (finishes with dependents, the sweep, cancels,
+-- cascades). Rows still holding edges are left alone.
+CREATE FUNCTION retire(p_limit integer, p_keep_completed_ms bigint, p_keep_failed_ms bigint) RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    WITH m AS (
+        DELETE FROM jobs j WHERE j.id IN (
+            SELECT f.id FROM jobs f
+            WHERE f.state IN ('completed', 'failed', 'cancelled')
+              AND NOT EXISTS (SELECT 1 FROM job_edges e WHERE e.prereq = f.id)
+            ORDER BY f.finished_at LIMIT p_limit FOR UPDATE SKIP LOCKED)
+        RETURNING j.*
+    ), h AS (
+        INSERT INTO job_history (id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
+                                 worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
+                                 finished_at, expires_at)
+        SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
+               worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
+               COALESCE(finished_at, now()),
+               COALESCE(finished_at, now()) + CASE WHEN state = 'completed' THEN p_keep_completed_ms ELSE p_keep_failed_ms END
+                   * interval '1 millisecond'
+        FROM m RETURNING 1
+    )
+    SELECT count(*)::integer FROM h
+$$;
+
+-- Makes due scheduled jobs available, oldest first. Returns one row per
+-- (type, tags) it promoted, with how many, and one last row with
+-- more = whether due jobs are left (the limit, or rows locked by others)
+-- and next_ms = the time until the earliest future scheduled job (NULL:
+-- none). FOR NO KEY UPDATE does not conflict with the KEY SHARE of a
+-- transaction adding a dependent to the job.
+CREATE FUNCTION promote(p_limit integer)
+RETURNS TABLE (type text, tags jsonb, n bigint, more boolean, next_ms bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_n bigint := 0;
+BEGIN
+    RETURN QUERY
+    WITH p AS (
+        UPDATE jobs j SET state = 'available'
+        WHERE j.id IN (SELECT s.id FROM jobs s WHERE s.state = 'scheduled' AND s.run_at <= now()
+                       ORDER BY s.run_at LIMIT p_limit FOR NO KEY UPDATE SKIP LOCKED)
+        RETURNING j.type, j.tags
+    )
+    SELECT p.type, p.tags, count(*), NULL::boolean, NULL::bigint FROM p GROUP BY p.type, p.tags;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    -- A fresh snapshot: what is left.
+    RETURN QUERY SELECT NULL::text, NULL::jsonb, NULL::bigint,
+        EXISTS (SELECT 1 FROM jobs s WHERE s.state = 'scheduled' AND s.run_at <= now()),
+        (SELECT ceil(extract(epoch FROM min(s.run_at) - now()) * 1000)::bigint FROM jobs s
+         WHERE s.state = 'scheduled' AND s.run_at > now());
+END
+$$;
+
+-- The finish of jobs without dependents, in one round trip and one pass
+-- over their rows: locks the rows still held under the given lease tokens
+-- (skipping rows another transaction holds), moves terminal outcomes to
+-- job_history and writes retries in place. A job that has dependents is
+-- left for the transactional path, which releases the dependents in the
+-- same transaction as the finish.
+--
+-- Returns one row per job: status 0 written (state: what was written),
+-- 1 busy (still held under the token, but locked by another transaction),
+-- 2 refused (the lease is gone), 3 has dependents (untouched). Rows with a
+-- NULL id only carry completion notices.
+--
+-- Dependents: after the write, a statement on a fresh snapshot (a
+-- VOLATILE function's every statement takes one) looks for edges of the
+-- jobs it ended. A transaction adding a dependent holds KEY SHARE on the
+-- job's row until it commits, so the write either skipped the row or came
+-- after that commit, whose edge the check then sees; a transaction that
+-- comes later waits for this one and finds the job finished. When the
+-- check finds edges (rare), the write is rolled back (a subtransaction)
+-- and done again without those jobs.
+--
+-- Every statement's cached plan suits any batch size: the batch drives
+-- lookups of the primary key, row by row (LATERAL), and no statement joins
+-- the batch with itself. A generic plan assumes 10 rows; with joins it
+-- chose nested loops that read the batch once per row (measured: 150 ms
+-- for 1,000 jobs instead of 10), and planning at every call instead cost
+-- about a millisecond.
+CREATE FUNCTION finish(p_ids uuid[], p_tokens uuid[], p_states text[], p_delay_ms bigint[], p_attempt_delta integer[],
+                       p_results jsonb[], p_errs text[], p_channel text, p_keep_completed_ms bigint,
+                       p_keep_failed_ms bigint, p_max_errors integer)
+RETURNS TABLE (id uuid, state text, status smallint)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_exclude uuid[] := '{}'; -- jobs with dependents
+    w_ids     uuid[];         -- written, and the state written
+    w_states  text[];
+    v_ended   uuid[];         -- written and moved to job_history
+    v_graph   uuid[];
+BEGIN
+    LOOP
+        BEGIN
+            WITH l AS (
+                SELECT t.id, t.state AS fstate, t.delay_ms, t.attempt_delta, t.result, t.err, x.cancel_requested, x.notify_done
+                FROM unnest(p_ids, p_tokens, p_states, p_delay_ms, p_attempt_delta, p_results, p_errs)
+                     AS t(id, token, state, delay_ms, attempt_delta, result, err)
+                CROSS JOIN LATERAL (
+                    SELECT j.state, j.cancel_requested, j.notify_done FROM jobs j
+                    WHERE j.id = t.id AND j.lease_token = t.token AND NOT (j.id = ANY(v_exclude))
+                    LIMIT 1 FOR UPDATE SKIP LOCKED) x
+                -- Tested here, not in the lookup (LIMIT keeps it out): there
+                -- it would let the planner read the partial index of
+                -- running jobs, all of them, once per job of the batch.
+                WHERE x.state = 'running'
+            ), moved AS (
+                DELETE FROM jobs j USING l
+                WHERE j.id = l.id AND (l.fstate IN ('completed', 'failed', 'cancelled') OR (l.cancel_requested AND l.fstate = 'available'))
+                RETURNING j.*, l.fstate, l.attempt_delta, l.result AS fresult, l.err
+            ), hist AS (
+                INSERT INTO job_history (id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
+                                         worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
+                                         finished_at, expires_at)
+                SELECT m.id, m.type, m.args, m.tags, CASE WHEN m.fstate = 'available' THEN 'cancelled' ELSE m.fstate END,
+                       m.priority, m.run_at, m.attempt + m.attempt_delta, m.max_attempts, m.timeout_ms,
+                       m.worker, m.ordering_key, m.unique_key, m.fresult,
+                       CASE WHEN m.fstate = 'completed' THEN NULL
+                            WHEN m.fstate = 'available' THEN 'cancelled by request' || COALESCE('; its last attempt ended with: ' || m.err, '')
+                            ELSE COALESCE(m.err, m.last_error) END,
+                       CASE WHEN m.err IS NULL THEN m.errors
+                            ELSE (CASE WHEN jsonb_array_length(m.errors) >= p_max_errors THEN m.errors - 0 ELSE m.errors END)
+                                 || jsonb_build_array(jsonb_build_object('attempt', m.attempt, 'at', now(), 'error', m.err)) END,
+                       m.created_at, m.started_at, now(),
+                       now() + CASE WHEN m.fstate = 'completed' THEN p_keep_completed_ms ELSE p_keep_failed_ms END
+                           * interval '1 millisecond'
+                FROM moved m
+                RETURNING job_history.id, job_history.state
+            ), upd AS (
+                UPDATE jobs j SET
+                    state = CASE WHEN l.delay_ms > 0 THEN 'scheduled' ELSE 'available' END,
+                    run_at = CASE WHEN l.delay_ms >= 0 THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
+                    attempt = j.attempt + l.attempt_delta,
+                    result = l.result,
+                    last_error = COALESCE(l.err, j.last_error),
+                    errors = CASE WHEN l.err IS NULL THEN j.errors
+                                  ELSE (CASE WHEN jsonb_array_length(j.errors) >= p_max_errors THEN j.errors - 0 ELSE j.errors END)
+                                       || jsonb_build_array(jsonb_build_object('attempt', j.attempt, 'at', now(), 'error', l.err)) END,
+                    lease_token = NULL, lease_expires_at = NULL
+                FROM l WHERE j.id = l.id AND l.fstate = 'available' AND NOT l.cancel_requested
+                RETURNING j.id, j.state
+            ), notes AS (
+                SELECT count(pg_notify(p_channel, json_build_object('done', m.id)::text)) AS n FROM moved m WHERE m.notify_done
+            )
+            SELECT coalesce(array_agg(w.id), '{}'), array_agg(w.state), coalesce(array_agg(w.id) FILTER (WHERE w.ended), '{}')
+            INTO w_ids, w_states, v_ended
+            FROM (SELECT h.id, h.state, true AS ended FROM hist h UNION ALL SELECT u.id, u.state, false FROM upd u
+                  UNION ALL SELECT NULL, NULL, false FROM notes WHERE false) w;
+
+            -- A fresh snapshot: dependents added before the rows were locked.
+            SELECT coalesce(array_agg(DISTINCT e.prereq), '{}') INTO v_graph FROM job_edges e WHERE e.prereq = ANY(v_ended);
+            IF cardinality(v_graph) > 0 THEN
+                RAISE EXCEPTION USING ERRCODE = 'BLGRF';
+            END IF;
+            EXIT;
+        EXCEPTION WHEN SQLSTATE 'BLGRF' THEN
+            v_exclude := v_exclude || v_graph;
+        END;
+    END LOOP;
+
+    RETURN QUERY SELECT w.id, w.state, 0::smallint FROM unnest(w_ids, w_states) AS w(id, state);
+    RETURN QUERY SELECT g, NULL::text, 3::smallint FROM unnest(v_exclude) AS g;
+    IF cardinality(w_ids) + cardinality(v_exclude) < cardinality(p_ids) THEN
+        -- Rows not written: busy (still ours, held by another transaction)
+        -- or refused (the lease is gone).
+        RETURN QUERY
+        SELECT t.id, NULL::text, CASE WHEN (SELECT j.state FROM jobs j WHERE j.id = t.id AND j.lease_token = t.token LIMIT 1) = 'running'
+                                      THEN 1::smallint ELSE 2::smallint END
+        FROM unnest(p_ids, p_tokens) AS t(id, token)
+        WHERE t.id IN (SELECT unnest(p_ids) EXCEPT SELECT unnest(w_ids) EXCEPT SELECT unnest(v_exclude));
+    END IF;
+END
+$$;
+
+-- The claim: every available job is due now, so no run_at timer comes
+-- back from it any more (next_ms is always NULL; the column stays for the
+-- callers of version 4).
+CREATE OR REPLACE FUNCTION claim(p_types text[], p_tags jsonb, p_k integer, p_lease_ms bigint, p_worker text)
+RETURNS TABLE (id uuid, type text, args jsonb, tags jsonb, attempt integer, max_attempts integer,
+               priority smallint, timeout_ms bigint, lease_token uuid, created_at timestamptz,
+               run_at timestamptz, waited_us bigint, next_ms bigint, skipped boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids uuid[];
+    v_skipped boolean;
+BEGIN
+    IF cardinality(p_types) = 1 THEN
+        SELECT array_agg(n.id) INTO v_ids FROM (
+            SELECT j.id FROM jobs j
+            WHERE j.state = 'available' AND j.type = p_types[1] AND j.tags <@ p_tags
+            ORDER BY j.priority, j.run_at, j.id LIMIT p_k FOR UPDATE SKIP LOCKED) n;
+    ELSE
+        SELECT array_agg(c.id) INTO v_ids FROM (
+            SELECT l.id FROM unnest(p_types) AS t(type) CROSS JOIN LATERAL (
+                SELECT j.id, j.priority, j.run_at FROM jobs j
+                WHERE j.state = 'available' AND j.type = t.type AND j.tags <@ p_tags
+                ORDER BY j.priority, j.run_at, j.id LIMIT p_k FOR UPDATE SKIP LOCKED) l
+            ORDER BY l.priority, l.run_at, l.id LIMIT p_k) c;
+    END IF;
+    IF coalesce(cardinality(v_ids), 0) < p_k THEN
+        -- Short: were due jobs skipped because another transaction held
+        -- them? (A domain must not park on those.)
+        SELECT EXISTS (SELECT 1 FROM jobs f
+            WHERE f.state = 'available' AND f.type = ANY(p_types) AND f.tags <@ p_tags
+              AND NOT (f.id = ANY(coalesce(v_ids, '{}')))) INTO v_skipped;
+    END IF;
+    IF v_ids IS NULL THEN
+        RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::jsonb, NULL::jsonb, NULL::integer, NULL::integer,
+            NULL::smallint, NULL::bigint, NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::bigint,
+            NULL::bigint, v_skipped;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    UPDATE jobs j SET state = 'running', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
+           lease_expires_at = now() + p_lease_ms * interval '1 millisecond', worker = p_worker, started_at = now()
+    WHERE j.id = ANY(v_ids)
+    RETURNING j.id, j.type, j.args, j.tags, j.attempt, j.max_attempts, j.priority, j.timeout_ms, j.lease_token,
+              j.created_at, j.run_at, greatest(0, extract(epoch FROM now() - j.run_at) * 1e6)::bigint, NULL::bigint, v_skipped;
+END
+$$;
+
+SELECT history_partitions(9);
