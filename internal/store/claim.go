@@ -2,11 +2,13 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // Claimed is one job a claim took, under its fresh lease token.
@@ -23,14 +25,13 @@ type Claimed struct {
 	CreatedAt   time.Time
 	RunAt       time.Time
 	Waited      time.Duration // from run_at to the claim, on the database clock
+
+	rawTags []byte // the tags' JSON, until decoded
 }
 
 // ClaimResult is what one claim statement took.
 type ClaimResult struct {
 	Jobs []Claimed
-	// Next is, when fewer than k jobs were taken, the time until the
-	// earliest future run_at of a job the domain could take; < 0: none.
-	Next time.Duration
 	// Skipped reports, when fewer than k jobs were taken, that due jobs
 	// exist which the claim skipped because they were locked.
 	Skipped bool
@@ -39,47 +40,141 @@ type ClaimResult struct {
 // Claim locks up to k due jobs of the given types whose tags are a subset of
 // workerTags and leases them to worker for lease.
 func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k int, lease time.Duration, worker string) (ClaimResult, error) {
-	res := ClaimResult{Next: -1}
+	var res ClaimResult
 	rows, err := s.pool.Query(ctx, s.sql.claim, Mode, types, workerTags, k, lease.Milliseconds(), worker)
 	if err != nil {
 		return res, err
 	}
 	defer rows.Close()
+	// Binary columns, but for text (the same bytes either way) and jsonb
+	// (pgx asks for it as text: the JSON itself).
+	binary := true
+	var jsonText [14]bool
+	for i, f := range rows.FieldDescriptions() {
+		switch {
+		case f.Format == pgx.BinaryFormatCode || i == 1:
+		case i == 2 || i == 3:
+			jsonText[i] = true
+		default:
+			binary = false
+		}
+	}
+	res.Jobs = make([]Claimed, 0, k)
 	for rows.Next() {
-		var (
-			id, token       *[16]byte
-			typ             *string
-			args, tags      []byte
-			attempt, maxAtt *int32
-			prio            *int16
-			timeoutMS       *int64
-			created, runAt  *time.Time
-			waitedUS        *int64
-			nextMS          *int64
-			skipped         *bool
-		)
-		if err := rows.Scan(&id, &typ, &args, &tags, &attempt, &maxAtt, &prio, &timeoutMS, &token, &created, &runAt,
-			&waitedUS, &nextMS, &skipped); err != nil {
+		var c Claimed
+		var ok bool
+		if binary {
+			ok, err = decodeClaimed(rows.RawValues(), &jsonText, &c, &res.Skipped)
+		} else {
+			ok, err = scanClaimed(rows, &c, &res.Skipped)
+		}
+		if err != nil {
 			return res, err
 		}
-		if nextMS != nil {
-			res.Next = max(0, time.Duration(*nextMS)*time.Millisecond)
+		if !ok {
+			continue // the row that only carries skipped
 		}
-		if skipped != nil {
-			res.Skipped = *skipped
-		}
-		if id == nil {
-			continue // the row that only carries next_ms
-		}
-		c := Claimed{ID: *id, Type: *typ, Args: args, Attempt: int(*attempt), MaxAttempts: int(*maxAtt),
-			Priority: int(*prio), Timeout: time.Duration(*timeoutMS) * time.Millisecond, Token: *token,
-			CreatedAt: *created, RunAt: *runAt, Waited: time.Duration(*waitedUS) * time.Microsecond}
-		if string(tags) != "{}" { // most jobs are untagged: skip the decoder
-			if err := json.Unmarshal(tags, &c.Tags); err != nil {
+		if len(c.rawTags) > 0 && string(c.rawTags) != "{}" { // most jobs are untagged: skip the decoder
+			if err := json.Unmarshal(c.rawTags, &c.Tags); err != nil {
 				return res, fmt.Errorf("decoding tags of job %s: %w", c.ID, err)
 			}
 		}
+		c.rawTags = nil
 		res.Jobs = append(res.Jobs, c)
 	}
 	return res, rows.Err()
+}
+
+// pgEpoch is PostgreSQL's timestamp epoch, in Unix microseconds.
+const pgEpoch = 946684800 * 1_000_000
+
+// decodeClaimed decodes one row of the claim function from its binary
+// columns (a claim returns up to thousands of rows: scanning them through
+// pgx's reflection cost a dozen allocations each). It reports false for the
+// row that only carries skipped.
+func decodeClaimed(v [][]byte, jsonText *[14]bool, c *Claimed, skipped *bool) (bool, error) {
+	if len(v) != 14 {
+		return false, fmt.Errorf("claim returned %d columns, want 14", len(v))
+	}
+	if v[13] != nil {
+		*skipped = len(v[13]) == 1 && v[13][0] != 0
+	}
+	if v[0] == nil {
+		return false, nil
+	}
+	be := binary.BigEndian
+	fixed := []struct {
+		i, n int
+	}{{0, 16}, {4, 4}, {5, 4}, {6, 2}, {7, 8}, {8, 16}, {9, 8}, {10, 8}, {11, 8}}
+	for _, f := range fixed {
+		if len(v[f.i]) != f.n {
+			return false, fmt.Errorf("claim: column %d is %d bytes, want %d", f.i, len(v[f.i]), f.n)
+		}
+	}
+	// The row's buffer is reused: the JSON is copied.
+	jsonb := func(i int) ([]byte, error) {
+		b := v[i]
+		if !jsonText[i] {
+			if len(b) == 0 || b[0] != 1 {
+				return nil, fmt.Errorf("claim: unknown jsonb format")
+			}
+			b = b[1:]
+		}
+		if string(b) == "{}" {
+			return nil, nil
+		}
+		return append([]byte(nil), b...), nil
+	}
+	var err error
+	copy(c.ID[:], v[0])
+	c.Type = string(v[1])
+	if c.Args, err = jsonb(2); err != nil {
+		return false, err
+	}
+	if c.Args == nil {
+		c.Args = json.RawMessage(`{}`)
+	}
+	if c.rawTags, err = jsonb(3); err != nil {
+		return false, err
+	}
+	c.Attempt = int(int32(be.Uint32(v[4])))
+	c.MaxAttempts = int(int32(be.Uint32(v[5])))
+	c.Priority = int(int16(be.Uint16(v[6])))
+	c.Timeout = time.Duration(int64(be.Uint64(v[7]))) * time.Millisecond
+	copy(c.Token[:], v[8])
+	c.CreatedAt = time.UnixMicro(int64(be.Uint64(v[9])) + pgEpoch)
+	c.RunAt = time.UnixMicro(int64(be.Uint64(v[10])) + pgEpoch)
+	c.Waited = time.Duration(int64(be.Uint64(v[11]))) * time.Microsecond
+	return true, nil
+}
+
+// scanClaimed scans one row of the claim function through pgx, for a
+// connection that returned text columns.
+func scanClaimed(rows pgx.Rows, c *Claimed, skip *bool) (bool, error) {
+	var (
+		id, token       *[16]byte
+		typ             *string
+		args, tags      []byte
+		attempt, maxAtt *int32
+		prio            *int16
+		timeoutMS       *int64
+		created, runAt  *time.Time
+		waitedUS        *int64
+		nextMS          *int64
+		skipped         *bool
+	)
+	if err := rows.Scan(&id, &typ, &args, &tags, &attempt, &maxAtt, &prio, &timeoutMS, &token, &created, &runAt,
+		&waitedUS, &nextMS, &skipped); err != nil {
+		return false, err
+	}
+	if skipped != nil {
+		*skip = *skipped
+	}
+	if id == nil {
+		return false, nil
+	}
+	*c = Claimed{ID: *id, Type: *typ, Args: args, Attempt: int(*attempt), MaxAttempts: int(*maxAtt),
+		Priority: int(*prio), Timeout: time.Duration(*timeoutMS) * time.Millisecond, Token: *token,
+		CreatedAt: *created, RunAt: *runAt, Waited: time.Duration(*waitedUS) * time.Microsecond, rawTags: tags}
+	return true, nil
 }
