@@ -168,7 +168,7 @@ func burndownOnce(ctx context.Context, env *benchEnv, k kind) (burnResult, error
 	if err != nil {
 		return r, err
 	}
-	n, err := mon.count(phase, "completed")
+	n, err := mon.completed(phase)
 	if err != nil {
 		return r, err
 	}

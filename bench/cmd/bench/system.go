@@ -3,15 +3,18 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/backlogq/backlog"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 )
 
-// jobHook is called at the start of every handler with the job's sequence
-// number (from its args); nil means a no-op handler.
-type jobHook func(seq int64)
+// jobHook is called for the start of every handler with the job's sequence
+// number (from its args) and the moment the handler started: time.Now() in
+// the handler for the Go systems, a wall-clock time reported by the child
+// process for graphile-worker. nil means a no-op handler.
+type jobHook func(seq int64, started time.Time)
 
 // workSpec says how to run workers for one phase.
 type workSpec struct {
@@ -45,10 +48,24 @@ type system interface {
 	Tables() jobTables
 }
 
-// jobTables describes a system's job table for the monitor's queries.
+// jobTables holds the monitor's queries on a system's job table.
 type jobTables struct {
-	table      string // schema-qualified, quoted
-	readyState string // the state of a job waiting to run
+	pending   string // one row, one bool: is any job still waiting or running?
+	completed string // one row, one count: jobs completed so far
+	ready     string // one row, one count: jobs waiting to run (the queue depth)
+}
+
+// stateTables are the queries for a job table with a state column whose
+// values include 'available', 'running' and 'completed' (backlog, River).
+// Each EXISTS matches one of the table's indexes, so pending stays cheap at
+// any size.
+func stateTables(table string) jobTables {
+	return jobTables{
+		pending: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s WHERE state = 'available')
+		OR EXISTS (SELECT 1 FROM %[1]s WHERE state = 'running')`, table),
+		completed: fmt.Sprintf(`SELECT count(*) FROM %s WHERE state = 'completed'`, table),
+		ready:     fmt.Sprintf(`SELECT count(*) FROM %s WHERE state = 'available'`, table),
+	}
 }
 
 // kind is a column of the table: how to build a system and which workloads
