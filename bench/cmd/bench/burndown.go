@@ -119,6 +119,13 @@ func burndownOnce(ctx context.Context, env *benchEnv, k kind) (burnResult, error
 	}
 	r.insertRate = float64(cfg.burnJobs) / time.Since(t).Seconds()
 	sys.Close(setup)
+	if cfg.analyze {
+		// Planner statistics, as a long-lived table has them: without them
+		// the fetch query of some systems plans a sequential scan.
+		if err := env.exec(setup, "ANALYZE "+sys.Tables().table); err != nil {
+			return r, fmt.Errorf("analyze: %w", err)
+		}
+	}
 
 	if err := sys.Open(setup); err != nil {
 		return r, fmt.Errorf("reopen: %w", err)

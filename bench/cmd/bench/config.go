@@ -18,6 +18,7 @@ type config struct {
 	newDB     bool
 	sqlStats  bool
 	cpuProf   string
+	analyze   bool
 
 	poolConns int32
 
@@ -59,13 +60,14 @@ func parseFlags(args []string) (*config, error) {
 	newDB := fs.Bool("newdb", true, "run in a dedicated database created for the run (so transaction counts are the benchmark's alone)")
 	cpuProf := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	sqlStats := fs.Bool("sqlstats", false, "log each system's statements by text for every measured window (stderr)")
+	analyze := fs.Bool("analyze", true, "ANALYZE the job table after the burn-down's bulk insert (planner statistics, as a long-lived table has them)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	c := &config{quick: *quick, out: *out, newDB: *newDB, sqlStats: *sqlStats, cpuProf: *cpuProf, poolConns: int32(*pool),
+	c := &config{quick: *quick, out: *out, newDB: *newDB, sqlStats: *sqlStats, cpuProf: *cpuProf, analyze: *analyze, poolConns: int32(*pool),
 		inserters: 4, idleDomains: 20, idleWorkers: 10, floorConns: 2, floorBatch: 1000,
 		setupTimeout: 2 * time.Minute, stopTimeout: 20 * time.Second, latSettle: time.Second,
 		steadyWarmup: time.Second, idleWarmup: 11 * time.Second}
@@ -151,9 +153,13 @@ func (c *config) describe() []string {
 	var d []string
 	has := func(w string) bool { return slices.Contains(c.workloads, w) }
 	if has("burndown") {
+		analyzeText := "each job table ANALYZEd (planner statistics, as a long-lived table has them; -analyze=false skips it), "
+		if !c.analyze {
+			analyzeText = "the job table not ANALYZEd (-analyze=false: the fetch queries are planned without statistics), "
+		}
 		d = append(d,
-			fmt.Sprintf("burn-down: %s jobs inserted first with each system's bulk insert (backlog EnqueueMany, River InsertManyFast; %d per call), then timed from starting the workers until no job is available or running (polled every 10 ms on a separate connection); %s; timeout %s.",
-				fmtInt(float64(c.burnJobs)), insertChunk, c.runsText(), c.burnTimeout),
+			fmt.Sprintf("burn-down: %s jobs inserted first with each system's bulk insert (backlog EnqueueMany, River InsertManyFast; %d per call), %sthen timed from starting the workers until no job is available or running (polled every 10 ms on a separate connection); %s; timeout %s.",
+				fmtInt(float64(c.burnJobs)), insertChunk, analyzeText, c.runsText(), c.burnTimeout),
 			"per job (during the burn-down): WAL = pg_current_wal_lsn() delta (server-wide: other databases' writes would be included); transactions = xact_commit + xact_rollback delta of the benchmark database in pg_stat_database, read after every connection of the phase exited, minus the harness's own; statements = statements the system's pool sent (pgx tracer; graphile-worker: plus the query calls its Node process counts); PostgreSQL CPU = utime+stime (schedstat) of the backends of the benchmark database plus the postmaster and background processes (walwriter, checkpointer, …), from /proc; client CPU = getrusage of this process (the system's client library plus the harness's 10 ms poll; graphile-worker: plus its Node process, utime+stime from /proc/<pid>/stat).")
 	}
 	if has("steady") {

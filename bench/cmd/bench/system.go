@@ -50,6 +50,7 @@ type system interface {
 
 // jobTables holds the monitor's queries on a system's job table.
 type jobTables struct {
+	table     string // the job table, schema-qualified and quoted (for ANALYZE)
 	pending   string // one row, one bool: is any job still waiting or running?
 	completed string // one row, one count: jobs completed so far
 	ready     string // one row, one count: jobs waiting to run (the queue depth)
@@ -61,6 +62,7 @@ type jobTables struct {
 // any size.
 func stateTables(table string) jobTables {
 	return jobTables{
+		table: table,
 		pending: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s WHERE state = 'available')
 		OR EXISTS (SELECT 1 FROM %[1]s WHERE state = 'running')`, table),
 		completed: fmt.Sprintf(`SELECT count(*) FROM %s WHERE state = 'completed'`, table),
