@@ -23,8 +23,8 @@ type workSpec struct {
 	hook      jobHook // nil: no-op handler
 }
 
-// system is one contender: backlog, River (two settings) or the raw-SQL
-// floor. An instance lives for one phase in one fresh schema.
+// system is one contender: backlog, River (two settings), the raw-SQL floor
+// or graphile-worker. An instance lives for one phase in one fresh schema.
 type system interface {
 	// Open creates the system's own pool and client. No workers run yet.
 	Open(ctx context.Context) error
@@ -78,10 +78,16 @@ type kind struct {
 	note      string // printed under the table
 	workloads map[string]bool
 	new       func(env *benchEnv, schema string) system
+	// prepare, if set, runs once before the workloads and returns what to
+	// add to the note (versions); an error skips the column (its cells say
+	// "skipped", the notes say why).
+	prepare func(ctx context.Context) (string, error)
+	skip    string // why the column is skipped; empty: it runs
 }
 
 func allKinds(cfg *config) []kind {
 	all := map[string]bool{"burndown": true, "steady": true, "latency": true, "idle": true}
+	rt := &nodeRuntime{}
 	return []kind{
 		{key: "backlog", label: "backlog default", workloads: all,
 			note: fmt.Sprintf("backlog: backlog.New(ctx, pool, backlog.WithSchema(s)) and Work(ctx, h, backlog.Types(%q)); every other setting at its default (Concurrency %d, LISTEN/NOTIFY, notify interval %s, lease %s).",
@@ -97,5 +103,15 @@ func allKinds(cfg *config) []kind {
 		{key: "floor", label: "raw SQL floor", workloads: map[string]bool{"burndown": true},
 			note: fmt.Sprintf("raw SQL floor: backlog's own claim and finish statements (internal/store Claim and Finish, imported from the library) in a bare loop: %d goroutines, each claiming up to %d jobs and completing them with one Finish statement; no acquirer, leases, heartbeat or NOTIFY. Jobs are inserted like backlog's (EnqueueMany).", cfg.floorConns, cfg.floorBatch),
 			new:  func(e *benchEnv, s string) system { return newFloor(e, s) }},
+		{key: "graphile", label: "graphile-worker", workloads: all,
+			prepare: func(ctx context.Context) (string, error) {
+				if err := rt.prepare(ctx); err != nil {
+					return "", err
+				}
+				return fmt.Sprintf("Versions: graphile-worker %s, pg (node-postgres) %s, Node %s.", rt.gwVersion, rt.pgVersion, rt.nodeVersion), nil
+			},
+			note: fmt.Sprintf("graphile-worker: the high-throughput settings of its performance page (worker.graphile.org/docs/performance): concurrentJobs %d, localQueue.size %d, completeJobBatchDelay and failJobBatchDelay %d ms; pollInterval (2 s), useNodeTime (off: one machine, one clock) and the rest at their defaults; new jobs are announced by add_job/add_jobs with NOTIFY jobs:insert, and the poll is only a fallback. One Node process (bench/graphile/worker.js: run() with a taskList, pgPool and noHandleSignals) per Open, driven over stdin/stdout; its pg.Pool has max %d (-pool) plus one client per runner, which each runner keeps checked out for LISTEN (the performance page uses 25; a burn-down here never had more than 4 clients open). Migrations by graphile-worker itself (runMigrations) into the phase's schema (its schema option); jobs inserted from Go with its add_jobs SQL function (bulk, the JSON form its own addJobs sends) and add_job (single). It deletes a completed job, so the burn-down ends when no row of _private_jobs is available or locked. Statements = the Go pool's (the inserts) plus every query call of the Node process's pg clients, counted in that process; client CPU includes the Node process (utime+stime from /proc/<pid>/stat, 10 ms ticks); pickup latency takes the handler's start as the Node process reports it (wall clock, performance.timeOrigin + performance.now(), µs), not when the harness reads the report (which would add the pipe's latency).",
+				graphileConcurrency, graphileLocalQueue, graphileBatchDelay, cfg.poolConns),
+			new: func(e *benchEnv, s string) system { return newGraphile(e, s, rt) }},
 	}
 }
