@@ -121,8 +121,10 @@ func runLatency(ctx context.Context, env *benchEnv, k kind, res *results) {
 	for i, rate := range cfg.latRates {
 		n := rate * int(cfg.latDur(rate).Seconds())
 		logf("latency: %s, %d/s for %s", k.label, rate, cfg.latDur(rate))
+		sys.Counter().resetTexts()
 		sent, errs := paceInserts(phase, sys, rec, next, n, rate)
 		missing := waitStarted(phase, rec, next, n, latGrace)
+		env.sqlStats(fmt.Sprintf("latency @ %d/s %s", rate, k.label), sys)
 		if err := phase.Err(); err != nil {
 			failAll(statusOf(err), i)
 			res.note("%s latency: %v", k.label, err)
