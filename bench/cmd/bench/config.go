@@ -18,6 +18,7 @@ type config struct {
 	newDB     bool
 	sqlStats  bool
 	cpuProf   string
+	analyze   bool
 
 	poolConns int32
 
@@ -50,7 +51,7 @@ var workloadNames = []string{"burndown", "steady", "latency", "idle"}
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	quick := fs.Bool("quick", false, "the under-a-minute-or-two variant: fewer jobs, shorter phases, one run each, no 10/s latency rate")
-	only := fs.String("only", "", "systems to run (comma-separated): backlog, river, river-tuned, floor (default all, or backlog,river-tuned,floor with -quick)")
+	only := fs.String("only", "", "systems to run (comma-separated): backlog, river, river-tuned, floor, graphile (default all, or backlog,river-tuned,floor,graphile with -quick)")
 	wls := fs.String("workloads", strings.Join(workloadNames, ","), "workloads to run (comma-separated): burndown, steady, latency, idle")
 	runs := fs.Int("runs", 0, "runs per system of the burn-down and steady-state workloads, reported as medians (default 3, or 1 with -quick)")
 	jobs := fs.Int("jobs", 0, "burn-down jobs (default 200000, or 20000 with -quick)")
@@ -59,23 +60,25 @@ func parseFlags(args []string) (*config, error) {
 	newDB := fs.Bool("newdb", true, "run in a dedicated database created for the run (so transaction counts are the benchmark's alone)")
 	cpuProf := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	sqlStats := fs.Bool("sqlstats", false, "log each system's statements by text for every measured window (stderr)")
+	analyze := fs.Bool("analyze", true, "ANALYZE the job table after the burn-down's bulk insert (planner statistics, as a long-lived table has them)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	c := &config{quick: *quick, out: *out, newDB: *newDB, sqlStats: *sqlStats, cpuProf: *cpuProf, poolConns: int32(*pool),
+	c := &config{quick: *quick, out: *out, newDB: *newDB, sqlStats: *sqlStats, cpuProf: *cpuProf, analyze: *analyze, poolConns: int32(*pool),
 		inserters: 4, idleDomains: 20, idleWorkers: 10, floorConns: 2, floorBatch: 1000,
 		setupTimeout: 2 * time.Minute, stopTimeout: 20 * time.Second, latSettle: time.Second,
 		steadyWarmup: time.Second, idleWarmup: 11 * time.Second}
-	systems := "backlog,river,river-tuned,floor"
+	systems := "backlog,river,river-tuned,floor,graphile"
 	if c.quick {
-		// Under a minute: the comparison the targets name (backlog at its
-		// defaults, River with its benchmark's settings, the floor),
-		// smaller and shorter. Idle transaction counts need the full
+		// A few minutes: the comparison the targets name (backlog at its
+		// defaults, River with its benchmark's settings, the floor,
+		// graphile-worker with its high-throughput settings), smaller and
+		// shorter. Idle transaction counts need the full
 		// run's 11 s warm-up to be exact; -quick reports them after 2 s.
-		systems = "backlog,river-tuned,floor"
+		systems = "backlog,river-tuned,floor,graphile"
 		c.runs, c.burnJobs, c.burnTimeout = 1, 10_000, 20*time.Second
 		c.steadyDur, c.idleDur, c.idleWarmup = 4*time.Second, 4*time.Second, 2*time.Second
 		c.latRates = []int{100, 1000}
@@ -101,7 +104,7 @@ func parseFlags(args []string) (*config, error) {
 	if *only != "" {
 		systems = *only
 	}
-	if c.only, err = parseList(systems, []string{"backlog", "river", "river-tuned", "floor"}); err != nil {
+	if c.only, err = parseList(systems, []string{"backlog", "river", "river-tuned", "floor", "graphile"}); err != nil {
 		return nil, fmt.Errorf("-only: %w", err)
 	}
 	if c.workloads, err = parseList(*wls, workloadNames); err != nil {
@@ -151,26 +154,30 @@ func (c *config) describe() []string {
 	var d []string
 	has := func(w string) bool { return slices.Contains(c.workloads, w) }
 	if has("burndown") {
+		analyzeText := "each job table ANALYZEd (planner statistics, as a long-lived table has them; -analyze=false skips it), "
+		if !c.analyze {
+			analyzeText = "the job table not ANALYZEd (-analyze=false: the fetch queries are planned without statistics), "
+		}
 		d = append(d,
-			fmt.Sprintf("burn-down: %s jobs inserted first with each system's bulk insert (backlog EnqueueMany, River InsertManyFast; %d per call), then timed from starting the workers until no job is available or running (polled every 10 ms on a separate connection); %s; timeout %s.",
-				fmtInt(float64(c.burnJobs)), insertChunk, c.runsText(), c.burnTimeout),
-			"per job (during the burn-down): WAL = pg_current_wal_lsn() delta (server-wide: other databases' writes would be included); transactions = xact_commit + xact_rollback delta of the benchmark database in pg_stat_database, read after every connection of the phase exited, minus the harness's own; statements = statements the system's pool sent (pgx tracer); PostgreSQL CPU = utime+stime (schedstat) of the backends of the benchmark database plus the postmaster and background processes (walwriter, checkpointer, …), from /proc; bench CPU = getrusage of this process (the system's client library plus the harness's 10 ms poll).")
+			fmt.Sprintf("burn-down: %s jobs inserted first with each system's bulk insert (backlog EnqueueMany, River InsertManyFast, graphile-worker add_jobs; %d per call), %sthen timed from starting the workers until no job is available or running (polled every 10 ms on a separate connection); %s; timeout %s.",
+				fmtInt(float64(c.burnJobs)), insertChunk, analyzeText, c.runsText(), c.burnTimeout),
+			"per job (during the burn-down): WAL = pg_current_wal_lsn() delta (server-wide: other databases' writes would be included); transactions = xact_commit + xact_rollback delta of the benchmark database in pg_stat_database, read after every connection of the phase exited, minus the harness's own; statements = statements the system's pool sent (pgx tracer; graphile-worker: plus the query calls its Node process counts); PostgreSQL CPU = utime+stime (schedstat) of the backends of the benchmark database plus the postmaster and background processes (walwriter, checkpointer, …), from /proc; client CPU = getrusage of this process (the system's client library plus the harness's 10 ms poll; graphile-worker: plus its Node process, utime+stime from /proc/<pid>/stat).")
 	}
 	if has("steady") {
-		d = append(d, fmt.Sprintf("steady state: %d goroutines insert batches of 50 jobs in a loop (backlog EnqueueMany, River InsertManyFast) while the workers run; after %s of warm-up, completed and inserted jobs are counted over %s and the available count sampled every second; %s.",
-			c.inserters, c.steadyWarmup, c.steadyDur, c.runsText()))
+		d = append(d, fmt.Sprintf("steady state: %d goroutines insert batches of 50 jobs in a loop (backlog EnqueueMany, River InsertManyFast, graphile-worker add_jobs) while the workers run; after %s of warm-up, completed and inserted jobs are counted over %s and the available count sampled every second; %s. graphile-worker deletes completed jobs: its completed count is the id sequence's last value minus the rows left (an insert still uncommitted at a reading counts as completed: at most %d jobs at either end), and its available count leaves out the jobs locked into its local queue.",
+			c.inserters, c.steadyWarmup, c.steadyDur, c.runsText(), c.inserters*steadyBatch))
 	}
 	if has("latency") {
 		var rs []string
 		for _, r := range c.latRates {
 			rs = append(rs, fmt.Sprintf("%d/s for %s", r, c.latDur(r)))
 		}
-		d = append(d, fmt.Sprintf("pickup latency: single inserts on a fixed schedule (%s; %d producer goroutines share the schedule) while the workers are otherwise idle; latency = handler start − the moment the insert call returned (after its commit), both on this process's monotonic clock; percentiles over all jobs of one run.",
+		d = append(d, fmt.Sprintf("pickup latency: single inserts on a fixed schedule (%s; %d producer goroutines share the schedule) while the workers are otherwise idle; latency = handler start − the moment the insert call returned (after its commit), both on this process's monotonic clock (graphile-worker: the handler start is the Node process's wall-clock reading, placed on this clock through the wall clock; checked at start-up to fall between sending a request for it and reading the reply); percentiles over all jobs of one run.",
 			strings.Join(rs, ", "), latProducers))
 	}
 	if has("idle") {
-		d = append(d, fmt.Sprintf("idle: %d domains × %d workers (backlog: %d Work calls, each Concurrency(%d) with its own job type; River: %d queues with MaxWorkers %d, each config keeping its fetch settings), no jobs; measured over %s after %s of warm-up (longer than the 10 s for which an idle backend may hold back its statistics, so startup work stays out of the window), one run. pg_stat_database counts transactions, not statements (a first execution in pgx's describe modes adds one), and lags by up to 10 s, so it is approximate; the client-side statement count is exact.",
-			c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDur, c.idleWarmup))
+		d = append(d, fmt.Sprintf("idle: %d domains × %d workers (backlog: %d Work calls, each Concurrency(%d) with its own job type; River: %d queues with MaxWorkers %d, each config keeping its fetch settings; graphile-worker: %d runners in its one Node process, each with concurrentJobs %d, a task identifier, local queue and LISTEN connection of its own, sharing one pg.Pool — a runner's concurrency is shared by all its tasks, so separate runners are what gives each domain its own workers), no jobs; measured over %s after %s of warm-up (longer than the 10 s for which an idle backend may hold back its statistics, so startup work stays out of the window), one run. pg_stat_database counts transactions, not statements (a first execution in pgx's describe modes adds one), and lags by up to 10 s, so it is approximate; the client-side statement count is exact.",
+			c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDur, c.idleWarmup))
 	}
 	return d
 }

@@ -16,13 +16,27 @@ type usage struct {
 	wal     int64                 // server WAL position, bytes
 	pgCPU   map[int]time.Duration // CPU of server processes (see monitor.serverPids)
 	self    time.Duration         // CPU of this process (getrusage)
-	queries int64                 // statements sent by the system's pool
+	child   time.Duration         // CPU of the system's child process, if it has one
+	queries int64                 // statements sent by the system's pool (and its child)
+}
+
+// client is the CPU spent on the client side: this process and the system's
+// child process.
+func (u usage) client() time.Duration { return u.self + u.child }
+
+// childProcess is a system whose workers run in a child process
+// (graphile-worker): that process's CPU is client CPU too.
+type childProcess interface {
+	childCPU() time.Duration
 }
 
 // takeUsage reads WAL, server CPU, own CPU and the system's statement count.
 // Server CPU is left empty when the server's processes are not visible here.
 func takeUsage(ctx context.Context, env *benchEnv, m *monitor, sys system) (usage, error) {
 	u := usage{at: time.Now(), self: selfCPU(), queries: sys.Counter().Load()}
+	if c, ok := sys.(childProcess); ok {
+		u.child = c.childCPU()
+	}
 	var err error
 	if u.wal, err = m.walBytes(ctx); err != nil {
 		return u, err
@@ -70,9 +84,10 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// procCPU returns a process's CPU time: /proc/<pid>/schedstat (nanoseconds)
-// when the kernel has it, else utime+stime from /proc/<pid>/stat (ticks of
-// 10 ms).
+// procCPU returns a single-threaded process's CPU time (a PostgreSQL
+// process): /proc/<pid>/schedstat (nanoseconds) when the kernel has it, else
+// utime+stime from /proc/<pid>/stat (ticks of 10 ms). schedstat covers the
+// main thread only: use statCPU for a multi-threaded process.
 func procCPU(pid int) (time.Duration, bool) {
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid)); err == nil {
 		if f := strings.Fields(string(b)); len(f) > 0 {
@@ -81,6 +96,12 @@ func procCPU(pid int) (time.Duration, bool) {
 			}
 		}
 	}
+	return statCPU(pid)
+}
+
+// statCPU returns a process's CPU time, all its threads (exited ones too),
+// from utime+stime in /proc/<pid>/stat: ticks of 10 ms.
+func statCPU(pid int) (time.Duration, bool) {
 	f := statFields(pid)
 	if len(f) < 13 {
 		return 0, false

@@ -16,7 +16,7 @@ func defineIdleRows(res *results, pgss bool) {
 	res.define("idle.xact", "idle: transactions/s (pg_stat_database)", fmtDec, true)
 	res.define("idle.stmt", "idle: statements/s (client-side count)", fmtDec, true)
 	res.define("idle.pgcpu", "idle: PostgreSQL CPU ms/s", fmtDec, true)
-	res.define("idle.self", "idle: bench process CPU ms/s", fmtDec, true)
+	res.define("idle.self", "idle: client CPU ms/s (bench process; graphile-worker: + its Node process)", fmtDec, true)
 }
 
 // idleReading is one end of the idle window, read on a fresh connection.
@@ -128,7 +128,7 @@ func idleOnce(ctx context.Context, env *benchEnv, k kind) (map[string]float64, e
 	v := map[string]float64{
 		"idle.xact": float64(b.x-a.x-a.xOwn-b.xOwn) / secs,
 		"idle.stmt": float64(b.u.queries-a.u.queries) / secs,
-		"idle.self": float64((b.u.self - a.u.self).Microseconds()) / 1000 / secs,
+		"idle.self": float64((b.u.client() - a.u.client()).Microseconds()) / 1000 / secs,
 	}
 	if env.pgss {
 		v["idle.pgss"] = float64(b.pgss-a.pgss-a.pgssOwn-b.pgssOwn) / secs

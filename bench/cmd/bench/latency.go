@@ -47,12 +47,15 @@ func newLatRecorder(n int) *latRecorder {
 
 func (r *latRecorder) now() int64 { return int64(time.Since(r.base)) + 1 }
 
-// hook is the handler's: it records the first start of each job.
-func (r *latRecorder) hook(seq int64) {
+// hook is the handler's: it records the first start of each job. A started
+// time with a monotonic reading (time.Now()) is placed on the monotonic clock;
+// one without (a wall-clock time from another process) through the wall
+// clock, which only a clock step during the run would skew.
+func (r *latRecorder) hook(seq int64, started time.Time) {
 	if seq < 0 || seq >= int64(len(r.start)) {
 		return
 	}
-	if !r.start[seq].CompareAndSwap(0, r.now()) {
+	if !r.start[seq].CompareAndSwap(0, int64(started.Sub(r.base))+1) {
 		r.dups.Add(1)
 	}
 }
@@ -118,8 +121,10 @@ func runLatency(ctx context.Context, env *benchEnv, k kind, res *results) {
 	for i, rate := range cfg.latRates {
 		n := rate * int(cfg.latDur(rate).Seconds())
 		logf("latency: %s, %d/s for %s", k.label, rate, cfg.latDur(rate))
+		sys.Counter().resetTexts()
 		sent, errs := paceInserts(phase, sys, rec, next, n, rate)
 		missing := waitStarted(phase, rec, next, n, latGrace)
+		env.sqlStats(fmt.Sprintf("latency @ %d/s %s", rate, k.label), sys)
 		if err := phase.Err(); err != nil {
 			failAll(statusOf(err), i)
 			res.note("%s latency: %v", k.label, err)

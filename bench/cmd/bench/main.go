@@ -1,6 +1,7 @@
-// Command bench compares backlog with River and with a raw-SQL floor on one
-// PostgreSQL server: burn-down throughput and its per-job database cost,
-// steady state, pickup latency and idle cost. It prints one markdown table
+// Command bench compares backlog with River, graphile-worker (in a Node child
+// process, when node is on PATH) and a raw-SQL floor on one PostgreSQL
+// server: burn-down throughput and its per-job database cost, steady state,
+// pickup latency and idle cost. It prints one markdown table
 // and writes it to results/latest.md.
 //
 // Run it from bench/ with DATABASE_URL set, e.g.
@@ -70,6 +71,19 @@ func run(cfg *config) error {
 			kinds = append(kinds, k)
 		}
 	}
+	for i := range kinds {
+		k := &kinds[i]
+		if k.prepare == nil {
+			continue
+		}
+		if extra, err := k.prepare(ctx); err != nil {
+			k.skip = err.Error()
+			k.note = fmt.Sprintf("%s: skipped: %s.", k.label, k.skip)
+			logf("%s is skipped: %s", k.label, k.skip)
+		} else if extra != "" {
+			k.note += " " + extra
+		}
+	}
 	res := newResults()
 	phases := map[string]func(context.Context, *benchEnv, kind, *results){
 		"burndown": runBurndown, "steady": runSteady, "latency": runLatency, "idle": runIdle,
@@ -78,6 +92,7 @@ func run(cfg *config) error {
 		if !slices.Contains(cfg.workloads, w) {
 			continue
 		}
+		first := len(res.rows)
 		switch w {
 		case "burndown":
 			defineBurndownRows(res)
@@ -90,6 +105,12 @@ func run(cfg *config) error {
 		}
 		for _, k := range kinds {
 			if !k.workloads[w] || ctx.Err() != nil {
+				continue
+			}
+			if k.skip != "" {
+				for _, rw := range res.rows[first:] {
+					res.fail(rw.key, k.key, "skipped")
+				}
 				continue
 			}
 			phases[w](ctx, env, k, res)

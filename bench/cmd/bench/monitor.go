@@ -39,23 +39,24 @@ func (m *monitor) row(ctx context.Context, sql string, args ...any) pgx.Row {
 	return m.conn.QueryRow(ctx, sql, args...)
 }
 
-// pending reports whether any job is still waiting or running. Each EXISTS
-// matches one of the job table's indexes, so this stays cheap at any size.
+// pending reports whether any job is still waiting or running.
 func (m *monitor) pending(ctx context.Context) (bool, error) {
 	var p bool
-	err := m.row(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s WHERE state = 'available')
-		OR EXISTS (SELECT 1 FROM %[1]s WHERE state = 'running')`, m.jobs.table)).Scan(&p)
+	err := m.row(ctx, m.jobs.pending).Scan(&p)
 	return p, err
 }
 
-// count returns how many jobs are in state.
-func (m *monitor) count(ctx context.Context, state string) (int64, error) {
-	table := m.jobs.table
-	if state == "completed" && m.jobs.doneTable != "" {
-		table = m.jobs.doneTable
-	}
+// completed returns how many jobs have been completed.
+func (m *monitor) completed(ctx context.Context) (int64, error) {
 	var n int64
-	err := m.row(ctx, fmt.Sprintf(`SELECT count(*) FROM %s WHERE state = $1`, table), state).Scan(&n)
+	err := m.row(ctx, m.jobs.completed).Scan(&n)
+	return n, err
+}
+
+// ready returns how many jobs are waiting to run.
+func (m *monitor) ready(ctx context.Context) (int64, error) {
+	var n int64
+	err := m.row(ctx, m.jobs.ready).Scan(&n)
 	return n, err
 }
 

@@ -83,7 +83,7 @@ func steadyOnce(ctx context.Context, env *benchEnv, k kind) ([]float64, error) {
 	defer ins.stop()
 	pause(phase, cfg.steadyWarmup)
 
-	c0, err := mon.count(phase, "completed")
+	c0, err := mon.completed(phase)
 	if err != nil {
 		return nil, err
 	}
@@ -98,13 +98,13 @@ func steadyOnce(ctx context.Context, env *benchEnv, k kind) ([]float64, error) {
 			return nil, &timeoutError{what: "steady state: phase deadline passed"}
 		case <-tick.C:
 		}
-		d, err := mon.count(phase, sys.Tables().readyState)
+		d, err := mon.ready(phase)
 		if err != nil {
 			return nil, err
 		}
 		depth = append(depth, float64(d))
 	}
-	c1, err := mon.count(phase, "completed")
+	c1, err := mon.completed(phase)
 	if err != nil {
 		return nil, err
 	}

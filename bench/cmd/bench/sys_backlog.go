@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/backlogq/backlog"
 	"github.com/jackc/pgx/v5"
@@ -82,7 +83,7 @@ func (s *backlogSys) Start(_ context.Context, spec workSpec) error {
 			if err := json.Unmarshal(j.Args, &a); err != nil {
 				return backlog.Permanent(err)
 			}
-			hook(a.Seq)
+			hook(a.Seq, time.Now())
 			return nil
 		})
 	}
@@ -143,6 +144,8 @@ func (s *backlogSys) Pool() *pgxpool.Pool   { return s.pool }
 func (s *backlogSys) Counter() *stmtCounter { return &s.counter }
 
 func (s *backlogSys) Tables() jobTables {
-	return jobTables{table: pgx.Identifier{s.schema, "jobs"}.Sanitize(), doneTable: pgx.Identifier{s.schema, "job_history"}.Sanitize(),
-		readyState: "available"}
+	// Live jobs are in jobs, finished ones in job_history.
+	t := stateTables(pgx.Identifier{s.schema, "jobs"}.Sanitize())
+	t.completed = `SELECT count(*) FROM ` + pgx.Identifier{s.schema, "job_history"}.Sanitize() + ` WHERE state = 'completed'`
+	return t
 }

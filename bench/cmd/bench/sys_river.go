@@ -56,7 +56,7 @@ func (s *riverSys) workers() *river.Workers {
 	w := river.NewWorkers()
 	river.AddWorker(w, river.WorkFunc(func(_ context.Context, j *river.Job[benchArgs]) error {
 		if h := s.hook.Load(); h != nil {
-			(*h)(j.Args.Seq)
+			(*h)(j.Args.Seq, time.Now())
 		}
 		return nil
 	}))
@@ -182,5 +182,5 @@ func (s *riverSys) Pool() *pgxpool.Pool   { return s.pool }
 func (s *riverSys) Counter() *stmtCounter { return &s.counter }
 
 func (s *riverSys) Tables() jobTables {
-	return jobTables{table: pgx.Identifier{s.schema, "river_job"}.Sanitize(), readyState: "available"}
+	return stateTables(pgx.Identifier{s.schema, "river_job"}.Sanitize())
 }

@@ -3,15 +3,18 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/backlogq/backlog"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 )
 
-// jobHook is called at the start of every handler with the job's sequence
-// number (from its args); nil means a no-op handler.
-type jobHook func(seq int64)
+// jobHook is called for the start of every handler with the job's sequence
+// number (from its args) and the moment the handler started: time.Now() in
+// the handler for the Go systems, a wall-clock time reported by the child
+// process for graphile-worker. nil means a no-op handler.
+type jobHook func(seq int64, started time.Time)
 
 // workSpec says how to run workers for one phase.
 type workSpec struct {
@@ -20,8 +23,8 @@ type workSpec struct {
 	hook      jobHook // nil: no-op handler
 }
 
-// system is one contender: backlog, River (two settings) or the raw-SQL
-// floor. An instance lives for one phase in one fresh schema.
+// system is one contender: backlog, River (two settings), the raw-SQL floor
+// or graphile-worker. An instance lives for one phase in one fresh schema.
 type system interface {
 	// Open creates the system's own pool and client. No workers run yet.
 	Open(ctx context.Context) error
@@ -45,11 +48,26 @@ type system interface {
 	Tables() jobTables
 }
 
-// jobTables describes a system's job table for the monitor's queries.
+// jobTables holds the monitor's queries on a system's job table.
 type jobTables struct {
-	table      string // schema-qualified, quoted
-	doneTable  string // where completed jobs are, when not in table
-	readyState string // the state of a job waiting to run
+	table     string // the job table, schema-qualified and quoted (for ANALYZE)
+	pending   string // one row, one bool: is any job still waiting or running?
+	completed string // one row, one count: jobs completed so far
+	ready     string // one row, one count: jobs waiting to run (the queue depth)
+}
+
+// stateTables are the queries for a job table with a state column whose
+// values include 'available', 'running' and 'completed' (backlog, River).
+// Each EXISTS matches one of the table's indexes, so pending stays cheap at
+// any size.
+func stateTables(table string) jobTables {
+	return jobTables{
+		table: table,
+		pending: fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %[1]s WHERE state = 'available')
+		OR EXISTS (SELECT 1 FROM %[1]s WHERE state = 'running')`, table),
+		completed: fmt.Sprintf(`SELECT count(*) FROM %s WHERE state = 'completed'`, table),
+		ready:     fmt.Sprintf(`SELECT count(*) FROM %s WHERE state = 'available'`, table),
+	}
 }
 
 // kind is a column of the table: how to build a system and which workloads
@@ -60,10 +78,16 @@ type kind struct {
 	note      string // printed under the table
 	workloads map[string]bool
 	new       func(env *benchEnv, schema string) system
+	// prepare, if set, runs once before the workloads and returns what to
+	// add to the note (versions); an error skips the column (its cells say
+	// "skipped", the notes say why).
+	prepare func(ctx context.Context) (string, error)
+	skip    string // why the column is skipped; empty: it runs
 }
 
 func allKinds(cfg *config) []kind {
 	all := map[string]bool{"burndown": true, "steady": true, "latency": true, "idle": true}
+	rt := &nodeRuntime{}
 	return []kind{
 		{key: "backlog", label: "backlog default", workloads: all,
 			note: fmt.Sprintf("backlog: backlog.New(ctx, pool, backlog.WithSchema(s)) and Work(ctx, h, backlog.Types(%q)); every other setting at its default (Concurrency %d, LISTEN/NOTIFY, notify interval %s, lease %s).",
@@ -79,5 +103,15 @@ func allKinds(cfg *config) []kind {
 		{key: "floor", label: "raw SQL floor", workloads: map[string]bool{"burndown": true},
 			note: fmt.Sprintf("raw SQL floor: backlog's own claim and finish statements (internal/store Claim and Finish, imported from the library) in a bare loop: %d goroutines, each claiming up to %d jobs and completing them with one Finish statement; no acquirer, leases, heartbeat or NOTIFY. Jobs are inserted like backlog's (EnqueueMany).", cfg.floorConns, cfg.floorBatch),
 			new:  func(e *benchEnv, s string) system { return newFloor(e, s) }},
+		{key: "graphile", label: "graphile-worker", workloads: all,
+			prepare: func(ctx context.Context) (string, error) {
+				if err := rt.prepare(ctx); err != nil {
+					return "", err
+				}
+				return fmt.Sprintf("Versions: graphile-worker %s, pg (node-postgres) %s, Node %s.", rt.gwVersion, rt.pgVersion, rt.nodeVersion), nil
+			},
+			note: fmt.Sprintf("graphile-worker: the high-throughput settings of its performance page (worker.graphile.org/docs/performance): concurrentJobs %d, localQueue.size %d, completeJobBatchDelay and failJobBatchDelay %d ms; pollInterval (2 s), useNodeTime (off: one machine, one clock) and the rest at their defaults; new jobs are announced by add_job/add_jobs with NOTIFY jobs:insert, and the poll is only a fallback. One Node process (bench/graphile/worker.js: run() with a taskList, pgPool and noHandleSignals) per Open, driven over stdin/stdout; its pg.Pool has max %d (-pool) plus one client per runner, which each runner keeps checked out for LISTEN (the performance page uses 25; a burn-down here never had more than 4 clients open). Migrations by graphile-worker itself (runMigrations) into the phase's schema (its schema option); jobs inserted from Go with its add_jobs SQL function (bulk, the JSON form its own addJobs sends) and add_job (single). It deletes a completed job, so the burn-down ends when no row of _private_jobs is available or locked. Statements = the Go pool's (the inserts) plus every query call of the Node process's pg clients, counted in that process; client CPU includes the Node process (utime+stime from /proc/<pid>/stat, 10 ms ticks); pickup latency takes the handler's start as the Node process reports it (wall clock, performance.timeOrigin + performance.now(), µs), not when the harness reads the report (which would add the pipe's latency).",
+				graphileConcurrency, graphileLocalQueue, graphileBatchDelay, cfg.poolConns),
+			new: func(e *benchEnv, s string) system { return newGraphile(e, s, rt) }},
 	}
 }
