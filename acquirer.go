@@ -475,9 +475,12 @@ func (a *acquirer) post(p posting) {
 	}
 }
 
-// wakeAll wakes every domain: after the listener (re)connects, postings may
-// have been lost.
+// wakeAll wakes every domain, and the promoter: after the listener
+// (re)connects, postings may have been lost.
 func (a *acquirer) wakeAll() {
+	if a.scheduled != nil {
+		a.scheduled(0)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, d := range a.domains {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/backlogq/backlog/internal/isolate"
 	"github.com/backlogq/backlog/internal/pgerr"
 	"github.com/backlogq/backlog/internal/store"
@@ -146,28 +148,44 @@ func (c *completer) loop(ctx context.Context) {
 // maxFinishBatch: first in the one-statement finish, then, for jobs that
 // turned out to have dependents, in the transactional one.
 func (c *completer) flush(ctx context.Context) {
-	take := func(q *[]*finishReq) []*finishReq {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		n := min(len(*q), maxFinishBatch)
-		batch := (*q)[:n:n]
-		*q = (*q)[n:]
-		if len(*q) == 0 {
-			*q = nil
-		}
-		return batch
-	}
 	for {
-		if batch := take(&c.queue); len(batch) > 0 {
-			c.write(ctx, batch, writeFast)
-			continue
+		// Both queues in turn, so that outcomes of jobs with dependents
+		// never wait behind a stream of others.
+		fast, graph := c.take(&c.queue), c.take(&c.graph)
+		if len(fast) == 0 && len(graph) == 0 {
+			return
 		}
-		if batch := take(&c.graph); len(batch) > 0 {
-			c.write(ctx, batch, writeGraph)
-			continue
+		if len(fast) > 0 {
+			c.write(ctx, fast, writeFast)
 		}
-		return
+		if len(graph) > 0 {
+			c.write(ctx, graph, writeGraph)
+		}
 	}
+}
+
+// take removes a batch from q: at most maxFinishBatch outcomes, at most one
+// a job (a second outcome of a job, a stale attempt's after a busy retry,
+// stays queued for the next batch).
+func (c *completer) take(q *[]*finishReq) []*finishReq {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var batch, rest []*finishReq
+	seen := make(map[uuid.UUID]bool, min(len(*q), maxFinishBatch))
+	for i, r := range *q {
+		if len(batch) == maxFinishBatch {
+			rest = append(rest, (*q)[i:]...)
+			break
+		}
+		if seen[r.f.ID] {
+			rest = append(rest, r)
+			continue
+		}
+		seen[r.f.ID] = true
+		batch = append(batch, r)
+	}
+	*q = rest
+	return batch
 }
 
 // writeMode says which finish statement a write uses.

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/backlogq/backlog/internal/pgerr"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -118,6 +119,9 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, own bool, specs []Jo
 	if err := q.checkSchema(ctx); err != nil {
 		return nil, nil, err
 	}
+	if err := q.checkIDs(ctx, tx, specs); err != nil {
+		return nil, nil, err
+	}
 	if graph {
 		return q.insertGraph(ctx, tx, own, jobs)
 	}
@@ -176,8 +180,38 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, own bool, specs []Jo
 	return out, nil, nil
 }
 
+// checkIDs refuses IDs the caller set that name an existing job: a
+// finished job's ID would otherwise be taken again (finished jobs are out
+// of the jobs table and its primary key). Generated IDs are new.
+func (q *Queue) checkIDs(ctx context.Context, tx pgx.Tx, specs []JobSpec) error {
+	var ids []uuid.UUID
+	for _, s := range specs {
+		if s.ID != uuid.Nil {
+			ids = append(ids, s.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	var db store.DB = q.pool
+	if tx != nil {
+		db = tx
+	}
+	taken, err := q.store.ExistingIDs(ctx, db, ids)
+	if err != nil {
+		return classify(fmt.Errorf("checking job IDs: %w", err))
+	}
+	if len(taken) > 0 {
+		return invalid("id", "job %s exists already", taken[0])
+	}
+	return nil
+}
+
 // enqueueErr wraps a failed insert's error.
 func (q *Queue) enqueueErr(n int, err error) error {
+	if pgerr.DuplicateKey(err, "jobs_pkey") {
+		return invalid("id", "a job with this ID exists already")
+	}
 	return classify(fmt.Errorf("enqueueing %d job(s): %w", n, err))
 }
 
@@ -191,6 +225,8 @@ func (q *Queue) insertGraph(ctx context.Context, tx pgx.Tx, own bool, jobs []sto
 		switch {
 		case errors.Is(err, store.ErrUnknownPrerequisites):
 			return invalid("depends on", "%v", err)
+		case pgerr.DuplicateKey(err, "jobs_pkey"):
+			return invalid("id", "a job with this ID exists already")
 		case errors.Is(err, store.ErrUniqueKeyContention):
 			return &retryableError{err: fmt.Errorf("enqueueing %d job(s): %w", len(jobs), err)}
 		case err != nil:

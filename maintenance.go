@@ -23,6 +23,9 @@ const (
 	// promoteGap is the least time between two promotions of a process:
 	// scheduled jobs due within it are promoted together.
 	promoteGap = 10 * time.Millisecond
+	// retireGap is the least time between two retire passes: graph writes
+	// that leave finished rows in place are moved together.
+	retireGap = 100 * time.Millisecond
 	// sweepSlack is how long after a lease's expiry the sweep looks, at
 	// most (jittered from a tenth of it), so that many processes do not
 	// sweep in step.
@@ -53,6 +56,12 @@ type maintenance struct {
 	log      *slog.Logger
 	announce announcer
 
+	ensureMu sync.Mutex
+	ensured  bool // ensurePartitions ran
+
+	promoteBusy time.Duration // backoff while due jobs are held by others
+	sweepBusy   time.Duration // backoff while expired leases cannot be swept
+
 	mu        sync.Mutex
 	promoteAt time.Time // earliest known scheduled job; zero: none known
 	retire    bool      // retire soon
@@ -65,6 +74,23 @@ func newMaintenance(st *store.Store, cfg *config, log *slog.Logger, a announcer)
 
 func (m *maintenance) start() { m.run.start(m.loop) }
 func (m *maintenance) stop()  { m.run.stop() }
+
+// ensurePartitions makes the job_history partitions of the days ahead the
+// first time a Work call starts, before any of its jobs can finish: a
+// finish into a day without its partition lands in the default partition,
+// from which the cleaner must move the day later. Failing is not fatal
+// (the cleaner tries again every clean interval).
+func (m *maintenance) ensurePartitions(ctx context.Context) {
+	m.ensureMu.Lock()
+	defer m.ensureMu.Unlock()
+	if m.ensured {
+		return
+	}
+	m.ensured = true
+	if _, err := m.store.EnsurePartitions(ctx); err != nil && ctx.Err() == nil {
+		m.log.Warn("backlog: creating job_history partitions failed; the cleaner tries again", "err", classify(err))
+	}
+}
 
 // scheduled hears that jobs become due in `in`.
 func (m *maintenance) scheduled(in time.Duration) {
@@ -103,32 +129,34 @@ func (m *maintenance) loop(ctx context.Context) {
 	// Partitions first: a finish never fails without them (the default
 	// partition takes the rows), but retention is cheap only with them.
 	m.cleanPass(ctx)
-	nextClean := time.Now().Add(jitter(m.cfg.cleanInterval))
-	nextSweep := time.Now()
-	m.mu.Lock()
-	m.promoteAt = time.Now() // look once at start
-	m.mu.Unlock()
-	lastPromote := time.Time{}
+	now := time.Now()
+	nextClean := now.Add(jitter(m.cfg.cleanInterval))
+	nextSweep := now
+	backupLook := now // the promoter's look, whatever it knows
+	var lastPromote, lastRetire time.Time
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		m.mu.Lock()
 		promoteAt, retire := m.promoteAt, m.retire
 		m.mu.Unlock()
-		if promoteAt.IsZero() {
-			promoteAt = lastPromote.Add(jitter(m.cfg.pollInterval)) // the backup look
+		if promoteAt.IsZero() || backupLook.Before(promoteAt) {
+			promoteAt = backupLook
 		}
 		promoteAt = maxTime(promoteAt, lastPromote.Add(promoteGap))
+		retireAt := lastRetire.Add(retireGap)
 		now := time.Now()
 		switch {
 		case !now.Before(promoteAt):
 			lastPromote = now
 			m.promotePass(ctx)
+			backupLook = time.Now().Add(jitter(m.cfg.pollInterval))
 			continue
 		case !now.Before(nextSweep):
 			nextSweep = now.Add(m.sweepPass(ctx))
 			continue
-		case retire:
+		case retire && !now.Before(retireAt):
+			lastRetire = now
 			m.retirePass(ctx)
 			continue
 		case !now.Before(nextClean):
@@ -137,6 +165,9 @@ func (m *maintenance) loop(ctx context.Context) {
 			continue
 		}
 		wait := min(promoteAt.Sub(now), nextSweep.Sub(now), nextClean.Sub(now))
+		if retire {
+			wait = min(wait, retireAt.Sub(now))
+		}
 		t.Reset(wait)
 		select {
 		case <-ctx.Done():
@@ -185,6 +216,7 @@ func (m *maintenance) promote(ctx context.Context) (int, time.Duration, error) {
 		}
 		switch {
 		case !p.More:
+			m.promoteBusy = 0
 			return total, p.Next, nil
 		case p.Jobs == promoteBatch:
 			continue
@@ -192,7 +224,11 @@ func (m *maintenance) promote(ctx context.Context) (int, time.Duration, error) {
 			busy++
 			continue
 		default:
-			return total, 50 * time.Millisecond, nil
+			// Due jobs held by another transaction (another process
+			// promoting them, usually): look again soon, backing off while
+			// it lasts.
+			m.promoteBusy = min(m.promoteBusy*2+50*time.Millisecond, time.Second)
+			return total, m.promoteBusy, nil
 		}
 	}
 }
@@ -211,9 +247,17 @@ func (m *maintenance) sweepPass(ctx context.Context) time.Duration {
 	m.retirePass(ctx)
 	in, ok, err := m.store.NextExpiry(ctx)
 	if err != nil || !ok {
+		m.sweepBusy = 0
 		return backup
 	}
-	return min(max(in, 0)+sweepSlack/10+rand.N(sweepSlack), backup)
+	if in <= 0 {
+		// Still expired: rows the sweep skipped because another
+		// transaction holds them. Back off while that lasts.
+		m.sweepBusy = min(m.sweepBusy*2+sweepSlack, backup)
+		return m.sweepBusy
+	}
+	m.sweepBusy = 0
+	return min(in+sweepSlack/10+rand.N(sweepSlack), backup)
 }
 
 func (m *maintenance) sweep(ctx context.Context) (int, error) {

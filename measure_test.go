@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -41,12 +43,16 @@ func TestMeasureMaintenanceCost(t *testing.T) {
 	// yesterday's (so the cleaner may drop it), holding 1M completed jobs.
 	_, err = pool.Exec(ctx, `CREATE TABLE `+hist+`_p20000101 PARTITION OF `+hist+` FOR VALUES FROM ('2000-01-01') TO ('2000-01-02')`)
 	require.NoError(t, err)
+	// UUIDv7s, one millisecond apart, as NewID makes them.
+	v7 := `(substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-7' || substr(r, 1, 3) || '-8' || substr(r, 4, 3) || '-' || substr(r, 7, 12))::uuid`
+	from := `FROM generate_series(1, 1000000) g,
+		LATERAL (SELECT lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint - 2000000 + g), 12, '0') AS h,
+		                md5(g::text) AS r) x`
 	seed := func() {
 		_, err = pool.Exec(ctx, `INSERT INTO `+hist+` (id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
 			errors, created_at, started_at, finished_at, expires_at)
-		SELECT gen_random_uuid(), 'report.' || (g % 10), '{"n": 1}', '{}', 'completed', 0, now(), 1, 25, 0, '[]',
-		       now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 hour', '2000-01-01 12:00Z'
-		FROM generate_series(1, 1000000) g`)
+		SELECT `+v7+`, 'report.' || (g % 10), '{"n": 1}', '{}', 'completed', 0, now(), 1, 25, 0, '[]',
+		       now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 hour', '2000-01-01 12:00Z' `+from)
 		require.NoError(t, err)
 		_, err = pool.Exec(ctx, `VACUUM ANALYZE `+hist)
 		require.NoError(t, err)
@@ -85,6 +91,21 @@ func TestMeasureMaintenanceCost(t *testing.T) {
 		require.NoError(t, err)
 	})
 	t.Logf("Stats (1 statement, every row of jobs and job_history): median %s", stats)
+
+	// Job() of finished jobs: job_history's BRIN index on ID.
+	var ids []uuid.UUID
+	rows, err := pool.Query(ctx, `SELECT id FROM `+hist+` TABLESAMPLE SYSTEM (1) LIMIT 7`)
+	require.NoError(t, err)
+	ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	require.NotEmpty(t, ids)
+	i := 0
+	lookup := median(func() {
+		_, err := q.Job(ctx, ids[i%len(ids)])
+		require.NoError(t, err)
+		i++
+	})
+	t.Logf("Job of a finished job, 1,000,000 in job_history: median %s", lookup)
 
 	// The cleaner pass that drops the expired partition of 1M jobs (one
 	// DROP), then passes that find nothing to drop.

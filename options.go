@@ -75,7 +75,7 @@ func (cfg *config) validate() error {
 	case cfg.keepCompleted <= 0 || cfg.keepFailed <= 0:
 		return invalid("retention", "must be positive, got %s and %s", cfg.keepCompleted, cfg.keepFailed)
 	case cfg.keepCompleted > MaxRetention || cfg.keepFailed > MaxRetention:
-		return invalid("retention", "must be at most %s (366 days), got %s and %s", MaxRetention, cfg.keepCompleted, cfg.keepFailed)
+		return invalid("retention", "must be at most 90 days, got %s and %s", cfg.keepCompleted, cfg.keepFailed)
 	case cfg.clock == nil:
 		return invalid("clock", "must not be nil")
 	}
@@ -171,8 +171,9 @@ func WithSweepInterval(d time.Duration) Option {
 }
 
 // MaxRetention is the longest retention WithRetention accepts: job_history
-// has a partition for every day of it ahead.
-const MaxRetention = 366 * 24 * time.Hour
+// has a partition for every day of it ahead, and a lookup of a finished job
+// by ID probes each.
+const MaxRetention = 90 * 24 * time.Hour
 
 // WithRetention sets how long finished jobs are kept in job_history before
 // the cleaner drops them: completed ones for completed, failed and

@@ -312,6 +312,9 @@ func TestBadInputIsRejectedNamingTheField(t *testing.T) {
 	var ie *backlog.InputError
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "jobs", ie.Field)
+	_, err = e.q.EnqueueMany(ctx, []backlog.JobSpec{{ID: uuid.New(), Type: "bad"}})
+	require.ErrorAs(t, err, &ie, "a version 4 UUID")
+	require.Equal(t, "id", ie.Field)
 	require.Zero(t, e.count("true"), "nothing was written")
 
 	_, err = backlog.New(ctx, e.pool, backlog.WithWorkerID("w\x00id"))
@@ -459,4 +462,51 @@ func TestStaleTokenWritesChangeNothing(t *testing.T) {
 	require.False(t, renewed, "a stale token's renewal was written")
 	require.NoError(t, backlog.FinishForTest(ctx, e.q, id, fresh, "completed", false))
 	e.waitState(id, time.Second, backlog.StateCompleted)
+}
+
+// TestPromoterLooksEveryPollIntervalWhateverItKnows: a job scheduled by a
+// process whose posting never reaches this one (poll-only, a producer with
+// no Work) starts within about a poll interval of being due, though this
+// process's promoter knows of a job due only in an hour.
+func TestPromoterLooksEveryPollIntervalWhateverItKnows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithPollOnly(), backlog.WithPollInterval(time.Second))
+	ctx := context.Background()
+	work(t, e.q, backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil }), backlog.Types("far", "soon"))
+	_, err := e.q.Enqueue(ctx, "far", nil, backlog.Delay(time.Hour))
+	require.NoError(t, err)
+	// Once a job due shortly has run, the promoter has looked since the
+	// far job was enqueued: it knows of nothing sooner than in an hour.
+	probe, err := e.q.Enqueue(ctx, "soon", nil, backlog.Delay(100*time.Millisecond))
+	require.NoError(t, err)
+	e.waitState(probe, 5*time.Second, backlog.StateCompleted)
+	producer := e.queue(e.pool, backlog.WithPollOnly())
+	id, err := producer.Enqueue(ctx, "soon", nil, backlog.Delay(500*time.Millisecond))
+	require.NoError(t, err)
+	e.waitState(id, 5*time.Second, backlog.StateCompleted)
+}
+
+// TestEnqueueRefusesAnExistingJobsID: an ID set by the caller that names a
+// job, finished or live, is refused and nothing is written.
+func TestEnqueueRefusesAnExistingJobsID(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	work(t, e.q, backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil }), backlog.Types("x"))
+	done := backlog.NewID()
+	_, err := e.q.EnqueueMany(ctx, []backlog.JobSpec{{ID: done, Type: "x"}})
+	require.NoError(t, err)
+	e.waitState(done, 10*time.Second, backlog.StateCompleted)
+	live := backlog.NewID()
+	_, err = e.q.EnqueueMany(ctx, []backlog.JobSpec{{ID: live, Type: "x", Options: []backlog.EnqueueOption{backlog.Delay(time.Hour)}}})
+	require.NoError(t, err)
+	for _, id := range []uuid.UUID{done, live} {
+		fresh := backlog.NewID()
+		_, err = e.q.EnqueueMany(ctx, []backlog.JobSpec{{ID: fresh, Type: "x"}, {ID: id, Type: "x"}})
+		var ie *backlog.InputError
+		require.ErrorAs(t, err, &ie)
+		require.Contains(t, ie.Field, "id")
+		require.Equal(t, 0, e.count("id = $1", fresh), "nothing was written")
+		require.Equal(t, 1, e.count("id = $1", id))
+	}
 }

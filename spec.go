@@ -12,7 +12,9 @@ import (
 // JobSpec describes one job for EnqueueMany.
 type JobSpec struct {
 	// ID is the job's ID. Leave it zero to have one generated; set it (with
-	// NewID) when other jobs of the same batch must refer to this one.
+	// NewID) when other jobs of the same batch must refer to this one. It
+	// must be a UUIDv7 (IDs ordered by creation time are what lookups of
+	// finished jobs rely on) and name no existing job.
 	ID uuid.UUID
 	// Type selects the handler. Required.
 	Type string
@@ -172,8 +174,13 @@ func buildJob(s JobSpec) (store.GraphJob, error) {
 		tags, _ = json.Marshal(map[string]string(c.tags)) // strings only: cannot fail
 	}
 	id := s.ID
-	if id == uuid.Nil {
+	switch {
+	case id == uuid.Nil:
 		id = NewID()
+	case id.Version() != 7:
+		// Finished jobs are found by ID through an index that relies on
+		// IDs ordered by creation time.
+		return store.GraphJob{}, invalid("id", "%s is a version %d UUID; use backlog.NewID (a UUIDv7)", id, id.Version())
 	}
 	return store.GraphJob{
 		NewJob: store.NewJob{ID: id, Type: s.Type, Args: args, Tags: tags, Priority: int16(c.priority), RunAt: c.runAt,

@@ -71,6 +71,7 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 		return err
 	}
 
+	q.maint.ensurePartitions(ctx)
 	if !q.beginWork() {
 		return ErrClosed
 	}

@@ -1,8 +1,8 @@
-DROP FUNCTION IF EXISTS finish(uuid[], uuid[], text[], bigint[], integer[], jsonb[], text[], text, bigint, bigint, integer);
+DROP FUNCTION IF EXISTS finish(uuid[], uuid[], text[], bigint[], integer[], jsonb[], text[], uuid[], text, bigint, bigint, integer);
 DROP FUNCTION IF EXISTS promote(integer);
 DROP FUNCTION IF EXISTS retire(integer, bigint, bigint);
 DROP FUNCTION IF EXISTS drop_expired_history(integer);
-DROP FUNCTION IF EXISTS history_partitions(integer);
+DROP FUNCTION IF EXISTS history_partition(date);
 DROP VIEW IF EXISTS all_jobs;
 
 -- Finished jobs back into jobs.

@@ -75,3 +75,10 @@ func UndefinedTable(err error) bool {
 	code := Code(err)
 	return code == "42P01" || code == "42883" || code == "3F000"
 }
+
+// DuplicateKey reports whether err is a unique violation of the named
+// constraint (index).
+func DuplicateKey(err error, constraint string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == constraint
+}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -62,7 +64,7 @@ func (s *Store) buildFinish() {
 	// (the history keeps it). Rows are locked FOR UPDATE, the lock every
 	// move to a terminal state takes (see graph.go), in ID order.
 	f.fast = `SELECT id, state, status FROM ` + pgx.Identifier{s.schema, "finish"}.Sanitize() +
-		`($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $8, $9, $10, $11)`
+		`($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $8::uuid[], $9, $10, $11, $12)`
 	stmt := func(lock string) string {
 		return `WITH f AS (
 	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[])
@@ -203,40 +205,75 @@ func finishArraysOf(fs []Finish) finishArrays {
 // from any row: the caller splits the batch to find it (internal/isolate).
 func (s *Store) Finish(ctx context.Context, fs []Finish) (FinishResult, error) {
 	n := len(fs)
-	a := finishArraysOf(fs)
-	rows, err := s.pool.Query(ctx, s.fin.fast, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs,
-		s.channel, s.keepCompleted.Milliseconds(), s.keepFailed.Milliseconds(), MaxErrors)
-	if err != nil {
-		return FinishResult{}, err
+	seen := make(map[uuid.UUID]bool, n)
+	for _, f := range fs {
+		if seen[f.ID] {
+			// Each job's status is reported once: one batch, one outcome
+			// a job (the caller keeps a second for the next batch).
+			return FinishResult{}, fmt.Errorf("finish: job %s appears twice in one batch", f.ID)
+		}
+		seen[f.ID] = true
 	}
+	a := finishArraysOf(fs)
+	exclude := [][16]byte{}
+	for range n + 1 {
+		res, graph, err := s.finishOnce(ctx, &a, exclude)
+		if err != nil {
+			return FinishResult{}, err
+		}
+		if len(graph) == 0 {
+			if len(res.Status) != n {
+				return FinishResult{}, fmt.Errorf("finish answered for %d of %d jobs", len(res.Status), n)
+			}
+			return res, nil
+		}
+		// Jobs that turned out to have dependents: the call was rolled
+		// back; again without them.
+		exclude = append(exclude, graph...)
+	}
+	return FinishResult{}, errors.New("finish: the jobs with dependents kept changing")
+}
+
+// finishOnce runs the finish function once. When it finds finished jobs
+// with dependents it rolls back and returns them instead.
+func (s *Store) finishOnce(ctx context.Context, a *finishArrays, exclude [][16]byte) (FinishResult, [][16]byte, error) {
+	rows, err := s.pool.Query(ctx, s.fin.fast, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs,
+		exclude, s.channel, s.keepCompleted.Milliseconds(), s.keepFailed.Milliseconds(), MaxErrors)
+	if err != nil {
+		return FinishResult{}, nil, err
+	}
+	n := len(a.ids)
 	res := FinishResult{Status: make(map[uuid.UUID]FinishStatus, n), State: make(map[uuid.UUID]string, n)}
 	var (
-		id     *[16]byte
+		id     [16]byte
 		state  *string
-		status *int16
+		status int16
 	)
-	if _, err := pgx.ForEachRow(rows, []any{&id, &state, &status}, func() error {
-		if id == nil {
-			return nil // a completion notice
-		}
-		switch *status {
+	_, err = pgx.ForEachRow(rows, []any{&id, &state, &status}, func() error {
+		switch status {
 		case 0:
-			res.Status[*id], res.State[*id] = Written, *state
+			res.Status[id], res.State[id] = Written, *state
 		case 1:
-			res.Status[*id] = Busy
+			res.Status[id] = Busy
 		case 2:
-			res.Status[*id] = Refused
+			res.Status[id] = Refused
 		case 3:
-			res.Status[*id] = Graph
+			res.Status[id] = Graph
 		}
 		return nil
-	}); err != nil {
-		return FinishResult{}, err
+	})
+	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "BLGRF" {
+		var graph [][16]byte
+		for _, x := range strings.Split(pe.Detail, ",") {
+			id, perr := uuid.Parse(x)
+			if perr != nil {
+				return FinishResult{}, nil, fmt.Errorf("finish: reading the jobs with dependents: %w", perr)
+			}
+			graph = append(graph, id)
+		}
+		return FinishResult{}, graph, nil
 	}
-	if len(res.Status) != n {
-		return FinishResult{}, fmt.Errorf("finish answered for %d of %d jobs", len(res.Status), n)
-	}
-	return res, nil
+	return res, nil, err
 }
 
 // FinishGraph writes outcomes in one transaction, in place (the retirer

@@ -20,7 +20,7 @@ type historySQL struct {
 func (s *Store) buildHistory() {
 	h := &s.hist
 	fn := func(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
-	h.partitions = `SELECT ` + fn("history_partitions") + `($1)`
+	h.partitions = `SELECT ` + fn("history_partition") + `((now() AT TIME ZONE 'UTC')::date + $1::integer)`
 	h.drop = `SELECT partitions, rows_deleted FROM ` + fn("drop_expired_history") + `($1)`
 	h.retire = `SELECT ` + fn("retire") + `($1, $2, $3)`
 	h.promote = `SELECT type, tags, n, more, next_ms FROM ` + fn("promote") + `($1)`
@@ -42,14 +42,31 @@ func (s *Store) HistoryDays() int {
 	return int(max(s.keepCompleted, s.keepFailed)/(24*time.Hour)) + 2
 }
 
-// EnsurePartitions creates the job_history partitions of the next
-// HistoryDays days that do not exist yet and returns how many it made.
-// Their absence is never an error for a finish: rows then go to the
-// default partition.
+// EnsurePartitions creates the job_history partitions of today and the
+// next HistoryDays days that do not exist yet, one statement each (so
+// locks are held for an instant), and returns how many it made. A day
+// whose locks were not to be had at once is left for the next call (and
+// reported in the error); its rows meanwhile go to the default partition
+// and move into the day's partition once it is made.
 func (s *Store) EnsurePartitions(ctx context.Context) (int, error) {
-	var n int
-	err := s.pool.QueryRow(ctx, s.hist.partitions, Mode, s.HistoryDays()).Scan(&n)
-	return n, err
+	made := 0
+	var firstErr error
+	for d := 0; d <= s.HistoryDays(); d++ {
+		var ok bool
+		if err := s.pool.QueryRow(ctx, s.hist.partitions, Mode, d).Scan(&ok); err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		if ok {
+			made++
+		}
+	}
+	return made, firstErr
 }
 
 // CleanResult counts what one cleaner step removed.

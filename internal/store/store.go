@@ -253,6 +253,16 @@ func (s *Store) Insert(ctx context.Context, db DB, jobs []NewJob, payloads []str
 	return res, nil
 }
 
+// ExistingIDs returns those of ids that name a job, live or finished.
+func (s *Store) ExistingIDs(ctx context.Context, db DB, ids []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := db.Query(ctx, `SELECT id FROM `+s.jobs+` WHERE id = ANY($1::uuid[])
+UNION ALL SELECT id FROM `+s.history+` WHERE id = ANY($1::uuid[])`, Mode, ids16(ids))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+}
+
 // Notify sends NOTIFY postings in a transaction of their own: one
 // statement, committed asynchronously (the postings need no durability), so
 // the notification lock is held only for an instant.

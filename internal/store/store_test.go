@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -166,6 +167,10 @@ func TestScheduledJobsStayOutOfTheClaimPath(t *testing.T) {
 		}
 		return n
 	}
+	// A process of an older version inserts jobs due later as available:
+	// claims still leave them until they are due.
+	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args, run_at) VALUES (gen_random_uuid(), 'a', '{}', now() + interval '1 hour')`)
+	require.NoError(t, err)
 	for _, types := range [][]string{{"a"}, {"a", "b"}} {
 		b := blocks(s.sql.claim, types, `{}`, 100, 30000, "w")
 		require.Less(t, b, 200, "a short claim of %v read the scheduled jobs (%d buffers)", types, b)
@@ -228,4 +233,91 @@ func TestFinishStatuses(t *testing.T) {
 	var lastErr string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT last_error FROM "`+schema+`".job_history WHERE id = $1`, cancelled.ID).Scan(&lastErr))
 	require.Equal(t, "cancelled by request; its last attempt ended with: boom", lastErr)
+}
+
+// TestFinishSendsDoneNotices: a job someone waits for (Queue.Wait marks
+// it) announces its end from the one-statement finish.
+func TestFinishSendsDoneNotices(t *testing.T) {
+	ctx := context.Background()
+	s, pool, schema := newTestStore(t)
+	_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".jobs (id, type, args) VALUES (gen_random_uuid(), 'a', '{}')`)
+	require.NoError(t, err)
+	res, err := s.Claim(ctx, []string{"a"}, []byte(`{}`), 1, time.Minute, "w")
+	require.NoError(t, err)
+	require.Len(t, res.Jobs, 1)
+	j := res.Jobs[0]
+	conn, err := pgx.Connect(ctx, testdb.URL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, `LISTEN `+pgx.Identifier{s.Channel()}.Sanitize())
+	require.NoError(t, err)
+	w, err := s.MarkWaiting(ctx, j.ID)
+	require.NoError(t, err)
+	require.Equal(t, "running", w.State)
+
+	out, err := s.Finish(ctx, []Finish{{ID: j.ID, Token: j.Token, State: "completed"}})
+	require.NoError(t, err)
+	require.Equal(t, Written, out.Status[j.ID])
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n, err := conn.WaitForNotification(wctx)
+	require.NoError(t, err, "no completion notice")
+	require.JSONEq(t, `{"done":"`+j.ID.String()+`"}`, n.Payload)
+}
+
+// TestFinishRefusesTwoOutcomesOfOneJob: a batch with two outcomes of one
+// job (a stale attempt's and the current one) is refused before anything
+// is written: each job's status is reported once.
+func TestFinishRefusesTwoOutcomesOfOneJob(t *testing.T) {
+	ctx := context.Background()
+	s, pool, schema := newTestStore(t)
+	_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".jobs (id, type, args) VALUES (gen_random_uuid(), 'a', '{}')`)
+	require.NoError(t, err)
+	res, err := s.Claim(ctx, []string{"a"}, []byte(`{}`), 1, time.Minute, "w")
+	require.NoError(t, err)
+	j := res.Jobs[0]
+	_, err = s.Finish(ctx, []Finish{{ID: j.ID, Token: uuid.New(), State: "completed"}, {ID: j.ID, Token: j.Token, State: "completed"}})
+	require.ErrorContains(t, err, "appears twice")
+	r, err := s.Get(ctx, pool, j.ID)
+	require.NoError(t, err)
+	require.Equal(t, "running", r.State, "nothing was written")
+}
+
+// TestHistoryPartitionTakesItsDayFromTheDefault: jobs that finished into
+// a day without its partition (it could not be made in time) land in the
+// default partition, and move into the day's partition once it is made.
+func TestHistoryPartitionTakesItsDayFromTheDefault(t *testing.T) {
+	ctx := context.Background()
+	s, pool, schema := newTestStore(t)
+	s.SetRetention(3*24*time.Hour, 3*24*time.Hour)
+	hist := `"` + schema + `".job_history`
+	var day string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT to_char((now() + interval '3 days') AT TIME ZONE 'UTC', 'YYYYMMDD')`).Scan(&day))
+	_, err := pool.Exec(ctx, `DROP TABLE `+hist+`_p`+day)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".jobs (id, type, args) SELECT gen_random_uuid(), 'a', '{}' FROM generate_series(1, 3)`)
+	require.NoError(t, err)
+	res, err := s.Claim(ctx, []string{"a"}, []byte(`{}`), 3, time.Minute, "w")
+	require.NoError(t, err)
+	var fs []Finish
+	for _, j := range res.Jobs {
+		fs = append(fs, Finish{ID: j.ID, Token: j.Token, State: "completed"})
+	}
+	_, err = s.Finish(ctx, fs)
+	require.NoError(t, err)
+	count := func(table string) (n int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
+		return n
+	}
+	require.Equal(t, 3, count(hist+`_default`))
+	made, err := s.EnsurePartitions(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, made)
+	require.Equal(t, 0, count(hist+`_default`))
+	require.Equal(t, 3, count(hist+`_p`+day))
+	for _, j := range res.Jobs {
+		r, err := s.Get(ctx, pool, j.ID)
+		require.NoError(t, err)
+		require.Equal(t, "completed", r.State)
+	}
 }

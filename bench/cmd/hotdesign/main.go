@@ -14,6 +14,7 @@
 //     table in the same statement (one index, on id).
 //   - move-part: the same into a history table partitioned by expiry (one
 //     partition a day, index on id in each).
+//   - move-part-brin: the same with a BRIN index on id instead of a btree.
 //   - delete: finished rows deleted, nothing kept.
 package main
 
@@ -42,7 +43,7 @@ var (
 	batch  = flag.Int("batch", 1000, "jobs per claim")
 	conns  = flag.Int("conns", 2, "connections claiming and finishing")
 	runs   = flag.Int("runs", 3, "runs per design (alternating); medians are printed")
-	only   = flag.String("only", "update,move,move-part,delete", "designs")
+	only   = flag.String("only", "update,move,move-part,move-part-brin,delete", "designs")
 	schema = "hotdesign"
 )
 
@@ -117,6 +118,22 @@ WHERE j.id = t.id AND j.lease_token = t.token AND j.state = 'running'`,
 		{name: "move-part",
 			setup: fmt.Sprintf(histDDL, h) + ` PARTITION BY RANGE (expires_at);
 CREATE INDEX ON ` + h + ` (id);
+CREATE TABLE ` + h + `_0 PARTITION OF ` + h + ` FOR VALUES FROM (now() - interval '1 day') TO (now() + interval '12 hours');
+CREATE TABLE ` + h + `_1 PARTITION OF ` + h + ` FOR VALUES FROM (now() + interval '12 hours') TO (now() + interval '36 hours');
+CREATE TABLE ` + h + `_2 PARTITION OF ` + h + ` FOR VALUES FROM (now() + interval '36 hours') TO (now() + interval '60 hours')`,
+			finish: moveFinish(h),
+			retire: func(ctx context.Context, c *pgx.Conn) error {
+				for _, p := range []string{"_0", "_1", "_2"} {
+					if _, err := c.Exec(ctx, `DROP TABLE `+h+p); err != nil {
+						return err
+					}
+				}
+				_, err := c.Exec(ctx, `VACUUM `+schema+`.jobs`)
+				return err
+			}},
+		{name: "move-part-brin",
+			setup: fmt.Sprintf(histDDL, h) + ` PARTITION BY RANGE (expires_at);
+CREATE INDEX ON ` + h + ` USING brin (id) WITH (pages_per_range = 16);
 CREATE TABLE ` + h + `_0 PARTITION OF ` + h + ` FOR VALUES FROM (now() - interval '1 day') TO (now() + interval '12 hours');
 CREATE TABLE ` + h + `_1 PARTITION OF ` + h + ` FOR VALUES FROM (now() + interval '12 hours') TO (now() + interval '36 hours');
 CREATE TABLE ` + h + `_2 PARTITION OF ` + h + ` FOR VALUES FROM (now() + interval '36 hours') TO (now() + interval '60 hours')`,
