@@ -742,3 +742,26 @@ func TestAcquirerCloseReleasesTheBuffer(t *testing.T) {
 		st.check(t)
 	})
 }
+
+// TestListenerIgnoresItsOwnQueuesPostings: a Queue wakes its own workers
+// when it commits jobs, so the NOTIFY of those jobs coming back is
+// ignored; postings of other Queues wake as always.
+func TestListenerIgnoresItsOwnQueuesPostings(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		a := newTestAcquirer(t, st)
+		l := newListener(nil, nil, "ch", "self", a, func(uuid.UUID) {}, func(uuid.UUID) {}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		synctest.Wait()
+		ta.requireBlocked()
+		calls := st.callCount()
+		st.add("a", nil, 0)
+		l.dispatch(`{"type":"a","src":"self"}`)
+		synctest.Wait()
+		ta.requireBlocked()
+		require.Equal(t, calls, st.callCount(), "its own posting woke the domain")
+		l.dispatch(`{"type":"a","src":"other"}`)
+		synctest.Wait()
+		ta.success()
+	})
+}

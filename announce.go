@@ -23,31 +23,58 @@ type announcer interface {
 	// workers hear of them only if and once tx commits.
 	inTx(ctx context.Context, tx pgx.Tx, ps []posting) error
 	// inline reports whether an insert outside any caller transaction may
-	// carry its own NOTIFY (the low-latency path of a quiet process). A
-	// true result must be followed by done() once the insert has ended.
-	inline() (ok bool, done func())
+	// carry its own NOTIFY (the low-latency path of a quiet process), and
+	// the payloads it sends for ps. A true result must be followed by
+	// done() once the insert has ended, and by local(ps) once it committed.
+	inline(ps []posting) (ok bool, payloads []string, done func())
+	// local wakes this process's own workers for jobs whose writes have
+	// committed (others heard of them already).
+	local(ps []posting)
 	service
 }
 
 // notifyAnnouncer announces through NOTIFY: inside the caller's
 // transaction for EnqueueTx, else through the notifier, which sends
-// coalesced postings after the commit.
+// coalesced postings after the commit. Jobs this process committed wake
+// its own workers at once, without waiting for their NOTIFY to come back;
+// those postings carry the Queue's src, and its listener ignores them.
 type notifyAnnouncer struct {
 	store *store.Store
 	notif *notifier
+	acq   *acquirer
+	src   string
 }
 
-func (a *notifyAnnouncer) committed(ps []posting) { a.notif.post(ps) }
+func (a *notifyAnnouncer) committed(ps []posting) {
+	a.local(ps)
+	a.notif.post(a.signed(ps))
+}
+
+func (a *notifyAnnouncer) local(ps []posting) {
+	for _, p := range ps {
+		a.acq.post(p)
+	}
+}
+
+// signed returns ps marked as sent by this Queue.
+func (a *notifyAnnouncer) signed(ps []posting) []posting {
+	out := make([]posting, len(ps))
+	for i, p := range ps {
+		p.Src = a.src
+		out[i] = p
+	}
+	return out
+}
 
 func (a *notifyAnnouncer) inTx(ctx context.Context, tx pgx.Tx, ps []posting) error {
 	return a.store.NotifyTx(ctx, tx, encodePostings(ps))
 }
 
-func (a *notifyAnnouncer) inline() (bool, func()) {
+func (a *notifyAnnouncer) inline(ps []posting) (bool, []string, func()) {
 	if !a.notif.inline() {
-		return false, nil
+		return false, nil, nil
 	}
-	return true, a.notif.inlineDone
+	return true, encodePostings(a.signed(ps)), a.notif.inlineDone
 }
 
 func (a *notifyAnnouncer) start() {}
@@ -73,7 +100,9 @@ func newLocalAnnouncer(acq *acquirer, st *store.Store, log *slog.Logger) *localA
 	return &localAnnouncer{acq: acq, store: st, log: log, pending: map[int64][]posting{}, wake: make(chan struct{}, 1)}
 }
 
-func (a *localAnnouncer) committed(ps []posting) {
+func (a *localAnnouncer) committed(ps []posting) { a.local(ps) }
+
+func (a *localAnnouncer) local(ps []posting) {
 	for _, p := range ps {
 		a.acq.post(p)
 	}
@@ -98,7 +127,7 @@ func (a *localAnnouncer) inTx(ctx context.Context, tx pgx.Tx, ps []posting) erro
 	return nil
 }
 
-func (a *localAnnouncer) inline() (bool, func()) { return false, nil }
+func (a *localAnnouncer) inline([]posting) (bool, []string, func()) { return false, nil, nil }
 
 func (a *localAnnouncer) start() {}
 func (a *localAnnouncer) stop()  { a.run.stop() }

@@ -162,11 +162,7 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, own bool, specs []Jo
 	}
 	// A quiet process's insert carries its own NOTIFY, saving the
 	// notifier's round trip.
-	var payloads []string
-	inline, done := q.announce.inline()
-	if inline {
-		payloads = encodePostings(avail)
-	}
+	inline, payloads, done := q.announce.inline(avail)
 	r, err := q.store.Insert(ctx, q.pool, rows, payloads)
 	if done != nil {
 		done()
@@ -174,7 +170,9 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, own bool, specs []Jo
 	if err != nil {
 		return nil, nil, q.enqueueErr(len(rows), err)
 	}
-	if !inline {
+	if inline {
+		q.announce.local(postsOf(r))
+	} else {
 		q.announce.committed(postsOf(r))
 	}
 	return out, nil, nil

@@ -3,6 +3,7 @@ package backlog
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -268,4 +269,137 @@ func processCPU() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestMeasurePickupLatency enqueues single jobs at a fixed rate from 4
+// goroutines while Work (at its defaults) runs no-op handlers, and reports
+// percentiles of the time from Enqueue's return to the handler's start.
+// Only with BACKLOG_MEASURE=1; BACKLOG_LATENCY_RATE sets the rate
+// (default 1000/s).
+func TestMeasurePickupLatency(t *testing.T) {
+	if os.Getenv("BACKLOG_MEASURE") == "" {
+		t.Skip("set BACKLOG_MEASURE=1 to run (make measure)")
+	}
+	rate := 1000
+	if r := os.Getenv("BACKLOG_LATENCY_RATE"); r != "" {
+		_, err := fmt.Sscan(r, &rate)
+		require.NoError(t, err)
+	}
+	const secs = 4
+	n := rate * secs
+	warm := rate / 2 // the first half second (new connections, first plans) is not measured
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	defer testdb.Close()
+	schema := testdb.Schema(t)
+	q, err := New(ctx, pool, WithSchema(schema))
+	require.NoError(t, err)
+	defer q.Close()
+	require.NoError(t, q.Migrate(ctx))
+	base := time.Now()
+	committed := make([]atomic.Int64, n)
+	started := make([]atomic.Int64, n)
+	h := HandlerFunc(func(_ context.Context, j *Job) error {
+		var a struct{ Seq int }
+		if err := json.Unmarshal(j.Args, &a); err == nil && a.Seq >= 0 && a.Seq < n {
+			started[a.Seq].CompareAndSwap(0, int64(time.Since(base)))
+		}
+		return nil
+	})
+	wctx, stop := context.WithCancel(ctx)
+	werr := make(chan error, 1)
+	go func() { werr <- q.Work(wctx, h, Types("lat")) }()
+	// Let Work start (its first claim parks the domain).
+	_, err = q.Enqueue(ctx, "lat", map[string]int{"Seq": n + 1})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	interval := time.Second / time.Duration(rate)
+	t0 := time.Now().Add(100 * time.Millisecond)
+	for p := range 4 {
+		wg.Go(func() {
+			for i := p - warm; i < n; i += 4 {
+				if d := time.Until(t0.Add(time.Duration(i+warm) * interval)); d > 0 {
+					<-time.After(d)
+				}
+				seq := i
+				if i < 0 {
+					seq = n + 1 // warm-up: not recorded
+				}
+				if _, err := q.Enqueue(ctx, "lat", map[string]int{"Seq": seq}); err != nil {
+					t.Error(err)
+					return
+				}
+				if i >= 0 {
+					committed[i].Store(int64(time.Since(base)))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	var lat []time.Duration
+	for i := range n {
+		for started[i].Load() == 0 && time.Now().Before(deadline) {
+			<-time.After(time.Millisecond)
+		}
+		lat = append(lat, time.Duration(started[i].Load()-committed[i].Load()))
+	}
+	stop()
+	require.NoError(t, <-werr)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	p := func(q float64) time.Duration { return lat[min(len(lat)-1, int(q*float64(len(lat))))] }
+	t.Logf("pickup latency at %d/s (%d jobs): p50 %s p90 %s p99 %s max %s", rate, n, p(0.5), p(0.9), p(0.99), lat[len(lat)-1])
+}
+
+// TestMeasureScheduledJobs compares, with no scheduled job and with
+// 1,000,000 jobs scheduled next week, the cost of a short claim (the one a
+// domain makes before it parks), of a promoter pass and of a sweep check.
+// Only with BACKLOG_MEASURE=1.
+func TestMeasureScheduledJobs(t *testing.T) {
+	if os.Getenv("BACKLOG_MEASURE") == "" {
+		t.Skip("set BACKLOG_MEASURE=1 to run (make measure)")
+	}
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	defer testdb.Close()
+	schema := testdb.Schema(t)
+	q, err := New(ctx, pool, WithSchema(schema))
+	require.NoError(t, err)
+	defer q.Close()
+	require.NoError(t, q.Migrate(ctx))
+	spec, err := newDomainSpec([]string{"work"}, nil)
+	require.NoError(t, err)
+	median := func(f func()) time.Duration {
+		var ds []time.Duration
+		for range 21 {
+			s := time.Now()
+			f()
+			ds = append(ds, time.Since(s))
+		}
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		return ds[len(ds)/2]
+	}
+	measure := func(label string) {
+		claim := median(func() {
+			_, err := q.store.Claim(ctx, spec.types, spec.tagsJ, 100, time.Minute, "w")
+			require.NoError(t, err)
+		})
+		promote := median(func() {
+			_, err := q.store.Promote(ctx, promoteBatch)
+			require.NoError(t, err)
+		})
+		expiry := median(func() {
+			_, _, err := q.store.NextExpiry(ctx)
+			require.NoError(t, err)
+		})
+		t.Logf("%s: short claim (k=100, nothing due) %s; promoter pass %s; sweep check %s", label, claim, promote, expiry)
+	}
+	measure("no scheduled job")
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".jobs (id, type, args, state, run_at)
+		SELECT gen_random_uuid(), 'work', '{}', 'scheduled', now() + interval '7 days' + g * interval '1 millisecond'
+		FROM generate_series(1, 1000000) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `VACUUM ANALYZE "`+schema+`".jobs`)
+	require.NoError(t, err)
+	measure("1,000,000 jobs scheduled next week")
 }

@@ -193,11 +193,12 @@ type listener struct {
 	acq      *acquirer
 	onCancel func(id uuid.UUID) // a Cancel posting for a job
 	onDone   func(id uuid.UUID) // a Done posting for a job
+	self     string             // this Queue's src: its own postings are ignored
 	log      *slog.Logger
 	idle     time.Duration // ping the connection after this long without a posting
 }
 
-func newListener(connect func(context.Context) (*pgx.Conn, error), pool *pgxpool.Pool, channel string, acq *acquirer,
+func newListener(connect func(context.Context) (*pgx.Conn, error), pool *pgxpool.Pool, channel, self string, acq *acquirer,
 	onCancel, onDone func(uuid.UUID), log *slog.Logger) *listener {
 	if connect == nil {
 		connect = func(ctx context.Context) (*pgx.Conn, error) {
@@ -208,7 +209,7 @@ func newListener(connect func(context.Context) (*pgx.Conn, error), pool *pgxpool
 			return c.Hijack(), nil
 		}
 	}
-	return &listener{connect: connect, channel: channel, acq: acq, onCancel: onCancel, onDone: onDone, log: log, idle: 30 * time.Second}
+	return &listener{connect: connect, channel: channel, self: self, acq: acq, onCancel: onCancel, onDone: onDone, log: log, idle: 30 * time.Second}
 }
 
 func (l *listener) start() { l.run.start(l.loop) }
@@ -284,6 +285,8 @@ func (l *listener) dispatch(payload string) {
 			l.onDone(id)
 			return
 		}
+	case p.Src != "" && p.Src == l.self:
+		return // this Queue woke its own workers when it committed the jobs
 	case p.Type != "" || p.Sched:
 		l.acq.post(p)
 		return

@@ -16,7 +16,8 @@ type posting struct {
 	Type   string            `json:"type,omitempty"`
 	Tags   map[string]string `json:"tags,omitempty"`
 	Sched  bool              `json:"sched,omitempty"`
-	In     int64             `json:"in,omitempty"` // Sched: milliseconds until due
+	Src    string            `json:"src,omitempty"` // the Queue that sent it, when it woke its own workers already
+	In     int64             `json:"in,omitempty"`  // Sched: milliseconds until due
 	Cancel string            `json:"cancel,omitempty"`
 	Done   string            `json:"done,omitempty"`
 }

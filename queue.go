@@ -75,9 +75,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	}
 	if cfg.workerID == "" {
 		host, _ := os.Hostname()
-		var b [4]byte
-		_, _ = crand.Read(b[:])
-		cfg.workerID = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+		cfg.workerID = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), randomHex(4))
 	}
 	q := &Queue{pool: pool, cfg: cfg, log: cfg.logger, store: store.New(pool, cfg.schema), closing: make(chan struct{})}
 	q.store.SetRetention(cfg.keepCompleted, cfg.keepFailed)
@@ -92,8 +90,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 		q.announce = newLocalAnnouncer(q.acq, q.store, log)
 	} else {
 		notif := newNotifier(cfg.notifyInterval, log, q.store)
-		q.announce = &notifyAnnouncer{store: q.store, notif: notif}
-		q.listen = newListener(cfg.listenConn, q.pool, q.store.Channel(), q.acq, q.leases.cancel, q.waiters.wake, log)
+		src := randomHex(4)
+		q.announce = &notifyAnnouncer{store: q.store, notif: notif, acq: q.acq, src: src}
+		q.listen = newListener(cfg.listenConn, q.pool, q.store.Channel(), src, q.acq, q.leases.cancel, q.waiters.wake, log)
 	}
 	q.comp = newCompleter(q.store, q.leases, log, q.announce)
 	cl.comp = q.comp
@@ -102,6 +101,13 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	q.comp.inPlace = q.maint.retireSoon
 	q.sched = newScheduler(q.store, q.pool, &q.cfg, q.announce)
 	return q, nil
+}
+
+// randomHex returns n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = crand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // services lists the Queue's services in start order. Work starts them
