@@ -180,7 +180,7 @@ func TestWorkerProcessesKilled(t *testing.T) {
 		jobs    = 20000
 		workers = 3
 		lease   = 2 * time.Second
-		sweep   = 200 * time.Millisecond
+		sweep   = backlog.DefaultSweepInterval // the sweep times itself to the earliest lease expiry
 		conc    = 4
 	)
 	e := newFEnv(t)
@@ -315,12 +315,12 @@ loop:
 		"kill → swept (available again): %s; kill → orphaned job runs again: %s; killed process's statements landed up to %s after it was reaped",
 		jobs, elapsed.Round(time.Millisecond), kills, l.execs, len(dups), expired, released, rerun, slack.Round(time.Millisecond))
 	report(t, summaryRow{
-		Scenario: "1. worker processes SIGKILLed (3 procs, lease 2s, sweep 200ms)",
+		Scenario: fmt.Sprintf("1. worker processes SIGKILLed (3 procs, lease %s, sweep at most every %s, else timed to the earliest lease expiry)", lease, sweep),
 		Jobs:     jobs,
 		Faults:   fmt.Sprintf("%d SIGKILLs (every 1-2 s; %d of a process holding running jobs), each replaced", kills, midJob),
 		Lost:     jobs - l.states["completed"],
 		Duplicates: fmt.Sprintf("%d jobs ran twice (%d executions for %d jobs): each had run on a process that was then killed before its outcome was written; %d leases expired, all of killed processes",
 			len(dups), l.execs, jobs, expired),
-		Pickup: fmt.Sprintf("kill → orphaned jobs available again (lease 2 s + sweep): %s; → running again (behind the backlog): %s", released, rerun),
+		Pickup: fmt.Sprintf("kill → orphaned jobs available again (lease + the sweep after it): %s; → running again (behind the backlog): %s", released, rerun),
 	})
 }
