@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -458,8 +459,14 @@ func (a *acquirer) stopTimer(p **acqTimer) {
 }
 
 // post wakes every domain the posting matches (same rule as the claim's
-// SQL). A posting of scheduled jobs goes to scheduled instead.
+// SQL). A posting of scheduled jobs goes to scheduled instead; one of
+// paused types makes the domains give back their prefetched jobs of those
+// types.
 func (a *acquirer) post(p posting) {
+	if len(p.Pause) > 0 {
+		a.dropPaused(p.Pause)
+		return
+	}
 	if p.Sched {
 		if a.scheduled != nil {
 			a.scheduled(time.Duration(p.In) * time.Millisecond)
@@ -473,6 +480,26 @@ func (a *acquirer) post(p posting) {
 			a.wakeLocked(d)
 		}
 	}
+}
+
+// dropPaused gives back the buffered jobs of the given types.
+func (a *acquirer) dropPaused(types []string) {
+	var back []*Job
+	a.mu.Lock()
+	for _, d := range a.domains {
+		keep := d.buf[:0]
+		for _, j := range d.buf {
+			if slices.Contains(types, j.Type) {
+				back = append(back, j)
+			} else {
+				keep = append(keep, j)
+			}
+		}
+		clear(d.buf[len(keep):])
+		d.buf = keep
+	}
+	a.mu.Unlock()
+	a.store.release(back)
 }
 
 // wakeAll wakes every domain, and the promoter: after the listener

@@ -58,6 +58,9 @@ type completer struct {
 	// inPlace is called after a write that may have left finished jobs in
 	// the jobs table (the graph path): the retirer moves them.
 	inPlace func()
+	// moved is called after a write that moved finished jobs to
+	// job_history.
+	moved func()
 
 	mu       sync.Mutex
 	queue    []*finishReq
@@ -245,6 +248,9 @@ func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, mode writeM
 	}
 	if mode != writeFast && c.inPlace != nil {
 		c.inPlace()
+	}
+	if mode == writeFast && c.moved != nil {
+		c.moved()
 	}
 	var again []posting
 	var graph []*finishReq

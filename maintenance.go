@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/backlogq/backlog/internal/store"
@@ -26,6 +27,9 @@ const (
 	// retireGap is the least time between two retire passes: graph writes
 	// that leave finished rows in place are moved together.
 	retireGap = 100 * time.Millisecond
+	// summarizeGap is how often, while jobs finish, job_history's BRIN
+	// indexes are brought up to date (SummarizeHistory).
+	summarizeGap = 2 * time.Second
 	// sweepSlack is how long after a lease's expiry the sweep looks, at
 	// most (jittered from a tenth of it), so that many processes do not
 	// sweep in step.
@@ -61,6 +65,8 @@ type maintenance struct {
 
 	promoteBusy time.Duration // backoff while due jobs are held by others
 	sweepBusy   time.Duration // backoff while expired leases cannot be swept
+
+	finished atomic.Bool // jobs moved to job_history since the last summary
 
 	mu        sync.Mutex
 	promoteAt time.Time // earliest known scheduled job; zero: none known
@@ -106,6 +112,10 @@ func (m *maintenance) scheduled(in time.Duration) {
 	}
 }
 
+// finishedSome notes that jobs entered job_history: its BRIN indexes want
+// a summary soon.
+func (m *maintenance) finishedSome() { m.finished.Store(true) }
+
 // retireSoon asks for finished jobs written in place to be moved.
 func (m *maintenance) retireSoon() {
 	m.mu.Lock()
@@ -133,7 +143,7 @@ func (m *maintenance) loop(ctx context.Context) {
 	nextClean := now.Add(jitter(m.cfg.cleanInterval))
 	nextSweep := now
 	backupLook := now // the promoter's look, whatever it knows
-	var lastPromote, lastRetire time.Time
+	var lastPromote, lastRetire, lastSummary time.Time
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -163,8 +173,18 @@ func (m *maintenance) loop(ctx context.Context) {
 			m.cleanPass(ctx)
 			nextClean = now.Add(jitter(m.cfg.cleanInterval))
 			continue
+		case m.finished.Load() && !now.Before(lastSummary.Add(summarizeGap)):
+			lastSummary = now
+			m.finished.Store(false)
+			if _, err := m.store.SummarizeHistory(ctx); err != nil && ctx.Err() == nil {
+				m.log.Warn("backlog: summarizing job_history's indexes failed", "err", classify(err))
+			}
+			continue
 		}
 		wait := min(promoteAt.Sub(now), nextSweep.Sub(now), nextClean.Sub(now))
+		if m.finished.Load() {
+			wait = min(wait, lastSummary.Add(summarizeGap).Sub(now))
+		}
 		if retire {
 			wait = min(wait, retireAt.Sub(now))
 		}
@@ -288,6 +308,9 @@ func (m *maintenance) retirePass(ctx context.Context) {
 	m.mu.Unlock()
 	for range cleanMaxBatches {
 		n, err := m.store.Retire(ctx, retireBatch)
+		if n > 0 {
+			m.finishedSome()
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				m.log.Warn("backlog: moving finished jobs to job_history failed", "err", classify(err))
@@ -348,6 +371,9 @@ func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {
 		}
 	}
 	total.MoreRemaining = total.Batches == cleanMaxBatches
+	if _, err := m.store.RollUpCounts(ctx, MaxRetention); err != nil {
+		return total, classify(fmt.Errorf("rolling up job counts: %w", err))
+	}
 	if total.Partitions > 0 || total.Jobs > 0 || total.PeriodicRuns > 0 {
 		m.log.Info("backlog: cleaner removed expired history", "partitions", total.Partitions, "jobs", total.Jobs,
 			"periodic_runs", total.PeriodicRuns, "batches", total.Batches, "more", total.MoreRemaining)

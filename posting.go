@@ -2,6 +2,7 @@ package backlog
 
 import (
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/backlogq/backlog/internal/store"
@@ -16,8 +17,9 @@ type posting struct {
 	Type   string            `json:"type,omitempty"`
 	Tags   map[string]string `json:"tags,omitempty"`
 	Sched  bool              `json:"sched,omitempty"`
-	Src    string            `json:"src,omitempty"` // the Queue that sent it, when it woke its own workers already
-	In     int64             `json:"in,omitempty"`  // Sched: milliseconds until due
+	Src    string            `json:"src,omitempty"`   // the Queue that sent it, when it woke its own workers already
+	Pause  []string          `json:"pause,omitempty"` // types paused: give back their prefetched jobs
+	In     int64             `json:"in,omitempty"`    // Sched: milliseconds until due
 	Cancel string            `json:"cancel,omitempty"`
 	Done   string            `json:"done,omitempty"`
 }
@@ -30,6 +32,9 @@ const schedKey = "\x00sched"
 func (p posting) key() string {
 	if p.Sched {
 		return schedKey
+	}
+	if len(p.Pause) > 0 {
+		return "\x00pause\x00" + strings.Join(p.Pause, "\x00")
 	}
 	return postingKey(p.Type, p.Tags)
 }

@@ -99,6 +99,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	q.maint = newMaintenance(q.store, &q.cfg, log, q.announce)
 	q.acq.scheduled = q.maint.scheduled
 	q.comp.inPlace = q.maint.retireSoon
+	q.comp.moved = q.maint.finishedSome
 	q.sched = newScheduler(q.store, q.pool, &q.cfg, q.announce)
 	return q, nil
 }
@@ -188,12 +189,17 @@ func (q *Queue) Job(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 	if err != nil {
 		return nil, q.readErr(ctx, fmt.Errorf("reading job %s: %w", id, err))
 	}
+	return infoOf(r)
+}
+
+// infoOf turns a row into the JobInfo callers see.
+func infoOf(r store.Row) (*JobInfo, error) {
 	info := &JobInfo{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, State: State(r.State), Priority: r.Priority,
 		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Timeout: r.Timeout, Worker: r.Worker, Result: r.Result,
 		LastError: r.LastError, CreatedAt: r.CreatedAt, RunAt: r.RunAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt}
 	if len(r.Errors) > 0 {
 		if err := json.Unmarshal(r.Errors, &info.Errors); err != nil {
-			return nil, fmt.Errorf("decoding errors of job %s: %w", id, err)
+			return nil, fmt.Errorf("decoding errors of job %s: %w", r.ID, err)
 		}
 	}
 	return info, nil

@@ -8,21 +8,68 @@ import (
 
 // Stats is a snapshot of the queue.
 type Stats struct {
-	// ByState counts jobs per state.
+	// ByState counts jobs per state: live jobs (blocked, scheduled,
+	// available, running) as they are now, finished ones (completed,
+	// failed, cancelled) that finished in the last 24 hours.
 	ByState map[State]int64
-	// ByType counts jobs per type and state.
+	// ByType counts jobs per type and state, likewise.
 	ByType map[string]map[State]int64
-	// OldestAvailable is how long the oldest due available job has been
-	// waiting (0 when none is waiting), on the database clock.
+	// OldestAvailable is how long the oldest available job has been due
+	// (0 when none is waiting), on the database clock.
 	OldestAvailable time.Duration
 	// RunningByWorker counts running jobs per worker (WithWorkerID).
 	RunningByWorker map[string]int64
+	// Paused lists the paused job types.
+	Paused []string
 	// OldestTransaction is the oldest open transaction in the database
 	// (nil: none): while it stays open, PostgreSQL cannot clean up the
 	// rows that jobs leave behind, and claims slow down as they pile up.
 	// The maintenance loop logs a warning once it is older than
 	// OldTransactionWarning.
 	OldestTransaction *OldTransaction
+}
+
+// StatsWindow is how far back Stats counts finished jobs.
+const StatsWindow = 24 * time.Hour
+
+func buildStats(live, finished []store.StatsRow, oldest time.Duration) *Stats {
+	s := &Stats{ByState: map[State]int64{}, ByType: map[string]map[State]int64{}, RunningByWorker: map[string]int64{},
+		OldestAvailable: oldest}
+	for _, r := range live {
+		if r.Worker != "" || r.Type == "" {
+			s.RunningByWorker[r.Worker] += r.Count
+			continue
+		}
+		if State(r.State).Terminal() {
+			continue // not moved to job_history yet: counted there once it is
+		}
+		s.add(State(r.State), r.Type, r.Count)
+	}
+	for _, r := range finished {
+		s.add(State(r.State), r.Type, r.Count)
+	}
+	return s
+}
+
+func (s *Stats) add(st State, typ string, n int64) {
+	s.ByState[st] += n
+	if s.ByType[typ] == nil {
+		s.ByType[typ] = map[State]int64{}
+	}
+	s.ByType[typ][st] += n
+}
+
+// Throughput is the finished jobs of one type in one time bucket.
+type Throughput struct {
+	At        time.Time // start of the bucket
+	Type      string
+	Completed int64
+	Failed    int64
+	Cancelled int64
+	// AvgWait is the mean time from due (run_at) to the last attempt's
+	// start, and AvgRun the mean run time of the last attempt, over the
+	// bucket's finished jobs that started.
+	AvgWait, AvgRun time.Duration
 }
 
 // OldTransactionWarning is the age past which an open transaction is
@@ -45,22 +92,4 @@ func oldTransactionOf(s *store.Snapshot) *OldTransaction {
 		return nil
 	}
 	return &OldTransaction{Kind: s.Kind, PID: s.PID, Age: s.Age, State: s.State, Application: s.Application, Query: s.Query}
-}
-
-func buildStats(rows []store.StatsRow, oldest time.Duration) *Stats {
-	s := &Stats{ByState: map[State]int64{}, ByType: map[string]map[State]int64{}, RunningByWorker: map[string]int64{},
-		OldestAvailable: oldest}
-	for _, r := range rows {
-		if r.Worker != "" || r.Type == "" {
-			s.RunningByWorker[r.Worker] += r.Count
-			continue
-		}
-		st := State(r.State)
-		s.ByState[st] += r.Count
-		if s.ByType[r.Type] == nil {
-			s.ByType[r.Type] = map[State]int64{}
-		}
-		s.ByType[r.Type][st] += r.Count
-	}
-	return s
 }

@@ -1,9 +1,11 @@
 DROP FUNCTION IF EXISTS finish(uuid[], uuid[], text[], bigint[], integer[], jsonb[], text[], uuid[], text, bigint, bigint, integer);
 DROP FUNCTION IF EXISTS promote(integer);
+DROP FUNCTION IF EXISTS summarize_history();
 DROP FUNCTION IF EXISTS retire(integer, bigint, bigint);
 DROP FUNCTION IF EXISTS drop_expired_history(integer);
 DROP FUNCTION IF EXISTS history_partition(date);
 DROP VIEW IF EXISTS all_jobs;
+DROP TABLE IF EXISTS job_counts, job_counts_hourly, paused_types;
 
 -- Finished jobs back into jobs.
 INSERT INTO jobs (id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms, worker,

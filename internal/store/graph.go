@@ -181,7 +181,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_
 )
 SELECT count(*), count(pg_notify($4, json_build_object('done', id)::text)) FILTER (WHERE notify_done) FROM u`
 	g.read = `SELECT state, COALESCE(ordering_key, '') FROM ` + s.jobs + ` WHERE id = $1
-UNION ALL SELECT state, '' FROM ` + s.history + ` WHERE id = $1 LIMIT 1`
+UNION ALL SELECT state, COALESCE(ordering_key, '') FROM ` + s.history + ` WHERE id = $1 LIMIT 1`
 	// Finished jobs' states, for prerequisites no longer in jobs.
 	g.finishedStates = `SELECT id, state FROM ` + s.history + ` WHERE id = ANY($1::uuid[])`
 	g.finishedState = `SELECT state FROM ` + s.history + ` WHERE id = $1`

@@ -92,6 +92,14 @@ func (s *Store) Clean(ctx context.Context, keepRuns time.Duration, limit int) (C
 	return r, nil
 }
 
+// SummarizeHistory summarizes the page ranges of job_history's BRIN
+// indexes filled since their last summary, and returns how many.
+func (s *Store) SummarizeHistory(ctx context.Context) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT `+pgx.Identifier{s.schema, "summarize_history"}.Sanitize()+`()`, Mode).Scan(&n)
+	return n, err
+}
+
 // Retire moves up to limit finished jobs that the graph paths wrote in
 // place (finishes of jobs with dependents, the sweep, cancels) from jobs
 // into job_history, and returns how many it moved.

@@ -10,19 +10,12 @@ import (
 )
 
 type maintSQL struct {
-	stats, lastPlans, claimPlans string
+	lastPlans, claimPlans string
 }
 
 func (s *Store) buildMaintenance() {
 	m := &s.maint
 	runsT := pgx.Identifier{s.schema, "periodic_runs"}.Sanitize()
-	m.stats = `SELECT state, type, '' AS worker, count(*),
-	       COALESCE(max(extract(epoch FROM now() - run_at)) FILTER (WHERE state = 'available' AND run_at <= now()), 0)
-FROM ` + s.jobs + ` GROUP BY state, type
-UNION ALL
-SELECT state, type, '', count(*), 0 FROM ` + s.history + ` GROUP BY state, type
-UNION ALL
-SELECT 'running', '', COALESCE(worker, ''), count(*), 0 FROM ` + s.jobs + ` WHERE state = 'running' GROUP BY worker`
 	m.lastPlans = `SELECT name, max(plan_time) FROM ` + runsT + ` WHERE name = ANY($1::text[]) GROUP BY name`
 	m.claimPlans = `INSERT INTO ` + runsT + ` (name, plan_time, job_id)
 SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::uuid[]) ON CONFLICT DO NOTHING RETURNING job_id`
@@ -33,29 +26,6 @@ SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::uuid[]) ON CONFLICT DO N
 type StatsRow struct {
 	State, Type, Worker string
 	Count               int64
-}
-
-// Stats counts jobs by state and type and running jobs by worker, and
-// returns the age of the oldest due available job, in one statement. It
-// reads every row of the jobs table (an exact count): its cost grows with
-// the rows kept for retention.
-func (s *Store) Stats(ctx context.Context) (rows []StatsRow, oldest time.Duration, err error) {
-	r, err := s.pool.Query(ctx, s.maint.stats, Mode)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer r.Close()
-	var maxAge float64
-	for r.Next() {
-		var row StatsRow
-		var age float64
-		if err := r.Scan(&row.State, &row.Type, &row.Worker, &row.Count, &age); err != nil {
-			return nil, 0, err
-		}
-		maxAge = max(maxAge, age)
-		rows = append(rows, row)
-	}
-	return rows, time.Duration(maxAge * float64(time.Second)), r.Err()
 }
 
 // LastPlans returns the latest recorded plan time of each named schedule.

@@ -60,13 +60,19 @@ type Store struct {
 	// Retention of finished jobs, written into job_history's expires_at.
 	keepCompleted, keepFailed time.Duration
 
+	// explain, when set (by tests), sees every listing statement before it
+	// runs.
+	explain func(sql string, args []any)
+
 	sql struct {
 		insert, claim, get, notify, notifyAsync, now string
 	}
-	fin   finishSQL
-	graph graphSQL
-	maint maintSQL
-	hist  historySQL
+	fin     finishSQL
+	graph   graphSQL
+	maint   maintSQL
+	hist    historySQL
+	counts  countsSQL
+	control controlSQL
 }
 
 // ChannelName is the NOTIFY channel used for a schema.
@@ -84,6 +90,8 @@ func New(pool *pgxpool.Pool, schema string) *Store {
 	s.buildGraph()
 	s.buildMaintenance()
 	s.buildHistory()
+	s.buildCounts()
+	s.buildControl()
 	return s
 }
 

@@ -72,6 +72,8 @@ func TestStatementsPrepare(t *testing.T) {
 	check(reflect.ValueOf(s.graph), "graph.")
 	check(reflect.ValueOf(s.maint), "maint.")
 	check(reflect.ValueOf(s.hist), "hist.")
+	check(reflect.ValueOf(s.counts), "counts.")
+	check(reflect.ValueOf(s.control), "control.")
 	require.Greater(t, n, 40)
 }
 

@@ -1,0 +1,266 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/backlogq/backlog/internal/pgerr"
+)
+
+// Operator writes on single jobs (Retry, Delete) and on batches of them
+// (RetryBatch, CancelBatch, DeleteBatch). Each runs in a graph transaction
+// (graph.go's lock order: ordering key, upstream rows, the job) and is
+// fenced by the job's state, so a worker finishing the job at the same
+// moment either goes first (and the operation sees the finished job) or
+// waits for it. The batch forms take the jobs a single statement can
+// handle alone (no ordering key, no unique key, no dependents) and leave
+// the others, which the caller hands to the single forms.
+
+// Errors of the operator writes.
+var (
+	ErrRunning       = errors.New("the job is running")
+	ErrBlocked       = errors.New("the job waits for its prerequisites")
+	ErrUniqueKeyHeld = errors.New("another live job holds the job's unique key")
+)
+
+type controlSQL struct {
+	deleteLive, deleteFinished, retryQueued, retryInPlace, retryFinished string
+	retryBatch, cancelBatch, deleteBatchFinished, deleteBatchLive        string
+}
+
+func (s *Store) buildControl() {
+	c := &s.control
+	c.deleteLive = `DELETE FROM ` + s.jobs + ` WHERE id = $1`
+	c.deleteFinished = `DELETE FROM ` + s.history + ` WHERE id = $1`
+	c.retryQueued = `UPDATE ` + s.jobs + ` SET state = 'available', run_at = now() WHERE id = $1 AND state IN ('available', 'scheduled')`
+	// A finished job runs again: attempts kept (one more granted when they
+	// are used up), its errors kept, its result cleared.
+	c.retryInPlace = `UPDATE ` + s.jobs + ` SET state = $2, run_at = now(), blocked_by = $3, finished_at = NULL,
+	cancel_requested = false, notify_done = false, result = NULL, max_attempts = greatest(max_attempts, attempt + 1)
+WHERE id = $1 AND state IN ('completed', 'failed', 'cancelled')`
+	cols := `id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms, worker, ordering_key,
+	unique_key, blocked_by, last_error, errors, created_at, started_at`
+	back := `SELECT id, type, args, tags, %s, priority, now(), attempt, greatest(max_attempts, attempt + 1), timeout_ms,
+	worker, ordering_key, unique_key, %s, last_error, errors, created_at, started_at`
+	c.retryFinished = `WITH h AS (DELETE FROM ` + s.history + ` WHERE id = $1 RETURNING *)
+INSERT INTO ` + s.jobs + ` (` + cols + `) ` + fmt.Sprintf(back, "$2", "$3") + ` FROM h RETURNING id`
+	c.retryBatch = `WITH h AS (
+	DELETE FROM ` + s.history + ` WHERE id = ANY($1::uuid[]) AND ordering_key IS NULL AND unique_key IS NULL RETURNING *
+)
+INSERT INTO ` + s.jobs + ` (` + cols + `) ` + fmt.Sprintf(back, "'available'", "0") + ` FROM h RETURNING id, type, tags`
+	// Queued jobs without dependents, ordering key or other holder;
+	// completion notices for waiters.
+	c.cancelBatch = `WITH l AS (
+	SELECT j.id FROM ` + s.jobs + ` j WHERE j.id = ANY($1::uuid[]) AND j.state IN ('scheduled', 'available')
+	  AND j.ordering_key IS NULL AND NOT EXISTS (SELECT 1 FROM ` + s.edges + ` e WHERE e.prereq = j.id)
+	ORDER BY j.id FOR UPDATE SKIP LOCKED
+), c AS (
+	UPDATE ` + s.jobs + ` j SET state = 'cancelled', finished_at = now(), last_error = 'cancelled by request'
+	FROM l WHERE j.id = l.id RETURNING j.id, j.notify_done
+)
+SELECT c.id, (SELECT count(pg_notify($2, json_build_object('done', x.id)::text)) FROM c x WHERE x.notify_done) FROM c`
+	c.deleteBatchFinished = `DELETE FROM ` + s.history + ` WHERE id = ANY($1::uuid[]) RETURNING id`
+	c.deleteBatchLive = `DELETE FROM ` + s.jobs + ` j WHERE j.id IN (
+	SELECT f.id FROM ` + s.jobs + ` f WHERE f.id = ANY($1::uuid[])
+	  AND f.state IN ('scheduled', 'available', 'completed', 'failed', 'cancelled')
+	  AND f.ordering_key IS NULL AND NOT EXISTS (SELECT 1 FROM ` + s.edges + ` e WHERE e.prereq = f.id)
+	ORDER BY f.id FOR UPDATE SKIP LOCKED) RETURNING j.id`
+}
+
+// ControlOutcome is what an operator write did.
+type ControlOutcome struct {
+	State string  // the job's state after the call (Delete: before it)
+	Avail []Avail // jobs made available (to announce)
+}
+
+// Delete removes a job that is not running. A queued job is cancelled
+// first, as Cancel does (its dependents are cancelled, its ordering chain
+// spliced), then removed.
+func (s *Store) Delete(ctx context.Context, id uuid.UUID) (ControlOutcome, error) {
+	var out ControlOutcome
+	err := s.onJob(ctx, id, func(tx pgx.Tx, p *lockPlan, state, okey string) error {
+		out = ControlOutcome{State: state}
+		switch state {
+		case "running":
+			return ErrRunning
+		case "blocked", "scheduled", "available":
+			avail, err := s.cancelQueuedTx(ctx, tx, p, id, okey)
+			if err != nil {
+				return err
+			}
+			out.Avail = avail
+		}
+		tag, err := tx.Exec(ctx, s.control.deleteLive, Mode, id)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			tag, err = tx.Exec(ctx, s.control.deleteFinished, Mode, id)
+			if err != nil {
+				return err
+			}
+		}
+		if tag.RowsAffected() == 0 {
+			return errStateChanged
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Retry makes a finished job available now (blocked instead, behind the
+// tail of its ordering key's chain, when that has live jobs): its
+// attempts and errors are kept, one more attempt is granted when they are
+// used up, its result is cleared. A scheduled or available job is made
+// due now. Dependents that the job's failure cancelled stay cancelled.
+func (s *Store) Retry(ctx context.Context, id uuid.UUID) (ControlOutcome, error) {
+	g := &s.graph
+	var out ControlOutcome
+	err := s.onJob(ctx, id, func(tx pgx.Tx, p *lockPlan, state, okey string) error {
+		out = ControlOutcome{}
+		switch state {
+		case "running":
+			return ErrRunning
+		case "blocked":
+			return ErrBlocked
+		case "scheduled", "available":
+			tag, err := tx.Exec(ctx, s.control.retryQueued, Mode, id)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 0 {
+				return errStateChanged
+			}
+			out.State = "available"
+			return nil
+		}
+		// Finished: behind its key's chain (key, then the tail: upstream,
+		// then the job).
+		var tail *uuid.UUID
+		if okey != "" {
+			if !containsKey(p.keys, okey) {
+				return &restartError{keys: []string{okey}}
+			}
+			tails, err := idsByKey(ctx, tx, g.tails, []string{okey})
+			if err != nil {
+				return err
+			}
+			if t, ok := tails[okey]; ok && t != id {
+				var st string
+				err := tx.QueryRow(ctx, `SELECT state FROM `+s.jobs+` WHERE id = $1 FOR KEY SHARE`, Mode, t).Scan(&st)
+				switch {
+				case errors.Is(err, pgx.ErrNoRows):
+				case err != nil:
+					return err
+				case !terminal(st):
+					tail = &t
+				}
+			}
+		}
+		state, blocked := "available", 0
+		if tail != nil {
+			state, blocked = "blocked", 1
+		}
+		tag, err := tx.Exec(ctx, s.control.retryInPlace, Mode, id, state, blocked)
+		if err == nil && tag.RowsAffected() == 0 {
+			tag, err = tx.Exec(ctx, s.control.retryFinished, Mode, id, state, blocked)
+		}
+		if pgerr.DuplicateKey(err, "jobs_unique_key_idx") {
+			return ErrUniqueKeyHeld
+		}
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return errStateChanged
+		}
+		if tail != nil {
+			if _, err := tx.Exec(ctx, g.edges, Mode, []uuid.UUID{*tail}, []uuid.UUID{id}, []string{"order"}); err != nil {
+				return err
+			}
+		}
+		out.State = state
+		return nil
+	})
+	if err == nil && out.State == "available" {
+		var a Avail
+		if qerr := s.pool.QueryRow(ctx, `SELECT type, tags FROM `+s.jobs+` WHERE id = $1`, Mode, id).Scan(&a.Type, &a.Tags); qerr == nil {
+			out.Avail = []Avail{a}
+		}
+	}
+	return out, err
+}
+
+func containsKey(keys []string, k string) bool {
+	for _, x := range keys {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}
+
+// BatchOutcome is what a batch write did: the jobs it handled, and the
+// jobs it made available.
+type BatchOutcome struct {
+	Done  []uuid.UUID
+	Avail []Avail
+}
+
+// RetryBatch makes the finished jobs among ids that have neither ordering
+// nor unique key available now, in one statement.
+func (s *Store) RetryBatch(ctx context.Context, ids []uuid.UUID) (BatchOutcome, error) {
+	var out BatchOutcome
+	rows, err := s.pool.Query(ctx, s.control.retryBatch, Mode, ids16(ids))
+	if err != nil {
+		return out, err
+	}
+	var id [16]byte
+	var a Avail
+	_, err = pgx.ForEachRow(rows, []any{&id, &a.Type, &a.Tags}, func() error {
+		out.Done = append(out.Done, id)
+		out.Avail = append(out.Avail, Avail{Type: a.Type, Tags: append([]byte(nil), a.Tags...)})
+		return nil
+	})
+	return out, err
+}
+
+// CancelBatch cancels the queued jobs among ids that have no ordering key
+// and no dependents, in one statement (the retirer moves them to
+// job_history).
+func (s *Store) CancelBatch(ctx context.Context, ids []uuid.UUID) (BatchOutcome, error) {
+	var out BatchOutcome
+	rows, err := s.pool.Query(ctx, s.control.cancelBatch, Mode, ids16(ids), s.channel)
+	if err != nil {
+		return out, err
+	}
+	var id [16]byte
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+		out.Done = append(out.Done, id)
+		return nil
+	})
+	return out, err
+}
+
+// DeleteBatch deletes the finished jobs among ids, and the queued ones
+// that have no ordering key and no dependents.
+func (s *Store) DeleteBatch(ctx context.Context, ids []uuid.UUID) (BatchOutcome, error) {
+	var out BatchOutcome
+	for _, q := range []string{s.control.deleteBatchFinished, s.control.deleteBatchLive} {
+		rows, err := s.pool.Query(ctx, q, Mode, ids16(ids))
+		if err != nil {
+			return out, err
+		}
+		done, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			return out, err
+		}
+		out.Done = append(out.Done, done...)
+	}
+	return out, nil
+}
