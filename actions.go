@@ -146,7 +146,7 @@ func restrictStates(f Filter, action string, def, allowed []State) (Filter, erro
 // bulk applies an action to every job f selects, a page at a time: batch
 // handles the jobs one statement can, one handles the rest singly. Jobs
 // that one refuses because they changed meanwhile are skipped.
-func (q *Queue) bulk(ctx context.Context, f Filter, batch func(context.Context, []uuid.UUID) (store.BatchOutcome, error),
+func (q *Queue) bulk(ctx context.Context, f Filter, batch func(context.Context, store.Batch) (store.BatchOutcome, error),
 	one func(uuid.UUID) error) (int, error) {
 	if q.isClosed() {
 		return 0, ErrClosed
@@ -159,11 +159,12 @@ func (q *Queue) bulk(ctx context.Context, f Filter, batch func(context.Context, 
 			return n, err
 		}
 		if len(page.Jobs) > 0 {
-			ids := make([]uuid.UUID, len(page.Jobs))
-			for i, j := range page.Jobs {
-				ids[i] = j.ID
+			var b store.Batch
+			for _, j := range page.Jobs {
+				b.Add(j.ID, j.FinishedAt, string(j.State))
 			}
-			out, err := batch(ctx, ids)
+			ids := b.IDs
+			out, err := batch(ctx, b)
 			if err != nil {
 				return n, q.readErr(ctx, fmt.Errorf("bulk action: %w", err))
 			}

@@ -224,9 +224,11 @@ func TestStatsReportTheOldestTransaction(t *testing.T) {
 	defer tx.Rollback(ctx) //nolint:errcheck
 	var pid int
 	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-	// Other tests run in parallel in the same database: wait until this
-	// transaction is the oldest one, whoever else comes and goes.
-	deadline := time.Now().Add(30 * time.Second)
+	began := time.Now()
+	// Other tests (other packages' too) run in the same database: until
+	// this transaction is the oldest one, the one reported must be older;
+	// wait for the others to end.
+	deadline := time.Now().Add(4 * time.Minute)
 	for {
 		st, err := e.q.Stats(ctx)
 		require.NoError(t, err)
@@ -238,6 +240,7 @@ func TestStatsReportTheOldestTransaction(t *testing.T) {
 			require.Contains(t, o.Query, "pg_backend_pid")
 			return
 		}
+		require.GreaterOrEqual(t, o.Age, time.Since(began)-time.Second, "the reported transaction is younger than this one: %+v", o)
 		require.True(t, time.Now().Before(deadline), "the open transaction was never the oldest: %+v", o)
 		select {
 		case <-time.After(100 * time.Millisecond):

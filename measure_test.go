@@ -403,3 +403,138 @@ func TestMeasureScheduledJobs(t *testing.T) {
 	require.NoError(t, err)
 	measure("1,000,000 jobs scheduled next week")
 }
+
+// TestMeasureOperator measures the operator API with a large history:
+// Stats and Throughput with 10,000,000 finished jobs (of 10 types, over a
+// week), List pages for several filters, and a bulk retry of 100,000
+// failed jobs while workers keep running other jobs. Only with
+// BACKLOG_MEASURE=1; BACKLOG_MEASURE_ROWS changes the 10,000,000.
+func TestMeasureOperator(t *testing.T) {
+	if os.Getenv("BACKLOG_MEASURE") == "" {
+		t.Skip("set BACKLOG_MEASURE=1 to run (make measure)")
+	}
+	rows := 10_000_000
+	if r := os.Getenv("BACKLOG_MEASURE_ROWS"); r != "" {
+		_, err := fmt.Sscan(r, &rows)
+		require.NoError(t, err)
+	}
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	defer testdb.Close()
+	schema := testdb.Schema(t)
+	q, err := New(ctx, pool, WithSchema(schema))
+	require.NoError(t, err)
+	defer q.Close()
+	require.NoError(t, q.Migrate(ctx))
+	s := `"` + schema + `"`
+	start := time.Now()
+	// A week of history, in finish order, as finish() writes it: UUIDv7
+	// IDs, 10 types, one job in 100 failed, and the counters.
+	const chunk = 1_000_000
+	span := int64(7 * 24 * time.Hour / time.Millisecond)
+	for from := 0; from < rows; from += chunk {
+		_, err := pool.Exec(ctx, `INSERT INTO `+s+`.job_history (id, type, args, tags, state, priority, run_at, attempt, max_attempts,
+			timeout_ms, errors, last_error, created_at, started_at, finished_at, expires_at)
+		SELECT (substr(h, 1, 8) || '-' || substr(h, 9, 4) || '-7' || substr(r, 1, 3) || '-8' || substr(r, 4, 3) || '-' || substr(r, 7, 12))::uuid,
+		       'type.' || (g % 10), '{"n":1}', '{}', CASE WHEN g % 100 = 0 THEN 'failed' ELSE 'completed' END, 0, f, 1, 1, 0, '[]',
+		       CASE WHEN g % 100 = 0 THEN 'upstream timeout ' || g END, f, f, f, now() + interval '1 day'
+		FROM generate_series($1::bigint, $2::bigint) g,
+		LATERAL (SELECT now() - (($3::bigint - g * $3::bigint / $4::bigint) || ' milliseconds')::interval AS f) t,
+		LATERAL (SELECT lpad(to_hex((extract(epoch FROM f) * 1000)::bigint), 12, '0') AS h, md5(g::text) AS r) x`,
+			from+1, min(from+chunk, rows), span, rows)
+		require.NoError(t, err)
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.job_counts_hourly (bucket, type, state, n, wait_ms, run_ms)
+		SELECT date_trunc('hour', finished_at), type, state, count(*), 0, 0 FROM `+s+`.job_history
+		WHERE finished_at < date_trunc('hour', now()) - interval '1 hour' GROUP BY 1, 2, 3`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.job_counts (bucket, type, state, shard, n, wait_ms, run_ms)
+		SELECT date_trunc('minute', finished_at), type, state, 0, count(*), 0, 0 FROM `+s+`.job_history
+		WHERE finished_at >= date_trunc('hour', now()) - interval '1 hour' GROUP BY 1, 2, 3`)
+	require.NoError(t, err)
+	_, err = q.store.SummarizeHistory(ctx)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `VACUUM ANALYZE `+s+`.job_history`)
+	require.NoError(t, err)
+	t.Logf("seeded %d finished jobs (and their counters) in %s", rows, time.Since(start).Round(time.Second))
+
+	median := func(f func()) time.Duration {
+		var ds []time.Duration
+		for range 11 {
+			s := time.Now()
+			f()
+			ds = append(ds, time.Since(s))
+		}
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		return ds[len(ds)/2]
+	}
+	t.Logf("Stats: median %s", median(func() {
+		_, err := q.Stats(ctx)
+		require.NoError(t, err)
+	}))
+	t.Logf("Throughput, last hour by minute: median %s", median(func() {
+		_, err := q.Throughput(ctx, time.Now().Add(-time.Hour), time.Minute)
+		require.NoError(t, err)
+	}))
+	t.Logf("Throughput, last day by hour: median %s", median(func() {
+		_, err := q.Throughput(ctx, time.Now().Add(-24*time.Hour), time.Hour)
+		require.NoError(t, err)
+	}))
+	for _, c := range []struct {
+		name string
+		f    Filter
+	}{
+		{"everything", Filter{}},
+		{"failed", Filter{States: []State{StateFailed}}},
+		{"failed, error text", Filter{States: []State{StateFailed}, ErrorContains: "timeout 77"}},
+		{"one type", Filter{Types: []string{"type.3"}}},
+		{"finished in an hour a day ago", Filter{FinishedAfter: time.Now().Add(-25 * time.Hour), FinishedBefore: time.Now().Add(-24 * time.Hour)}},
+		{"error text, any state", Filter{ErrorContains: "timeout"}},
+	} {
+		n := 0
+		d := median(func() {
+			p, err := q.List(ctx, c.f, ListOptions{})
+			require.NoError(t, err)
+			n = len(p.Jobs)
+		})
+		t.Logf("List page (%s): %d jobs, median %s", c.name, n, d)
+	}
+
+	// Bulk retry of 100,000 failed jobs while workers run other jobs.
+	failed := min(100_000, rows/100)
+	var other atomic.Int64
+	mux := NewMux()
+	for i := range 10 {
+		mux.HandleFunc(fmt.Sprintf("type.%d", i), func(context.Context, *Job) error { return nil })
+	}
+	mux.HandleFunc("other", func(context.Context, *Job) error { other.Add(1); return nil })
+	wctx, stop := context.WithCancel(ctx)
+	werr := make(chan error, 1)
+	go func() { werr <- q.Work(wctx, mux, Types("other")) }()
+	feed := make(chan struct{})
+	go func() {
+		defer close(feed)
+		for wctx.Err() == nil {
+			specs := make([]JobSpec, 100)
+			for i := range specs {
+				specs[i] = JobSpec{Type: "other"}
+			}
+			if _, err := q.EnqueueMany(wctx, specs); err != nil {
+				return
+			}
+			<-time.After(20 * time.Millisecond) // about 5,000 jobs/s of other work
+		}
+	}()
+	before := other.Load()
+	s0 := time.Now()
+	n, err := q.RetryWhere(ctx, Filter{States: []State{StateFailed}})
+	require.NoError(t, err)
+	took := time.Since(s0)
+	during := other.Load() - before
+	stop()
+	<-feed
+	require.NoError(t, <-werr)
+	t.Logf("RetryWhere of %d failed jobs (of %d finished): %s; meanwhile workers completed %d other jobs (%.0f/s)",
+		n, rows, took.Round(time.Millisecond), during, float64(during)/took.Seconds())
+	require.Equal(t, failed, n)
+}

@@ -305,6 +305,11 @@ func TestBulkActions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 300, n)
 	require.Zero(t, e.count("type = 'other'"))
+	// Completed jobs, found by their finish times, a page at a time.
+	n, err = e.q.DeleteWhere(ctx, backlog.Filter{Types: []string{"bulk"}})
+	require.NoError(t, err)
+	require.Equal(t, 1201, n)
+	require.Zero(t, e.count("type = 'bulk'"))
 
 	var ie *backlog.InputError
 	_, err = e.q.RetryWhere(ctx, backlog.Filter{States: []backlog.State{backlog.StateRunning}})

@@ -146,13 +146,15 @@ CREATE VIEW all_jobs AS
 -- reports whether it did. The table is made on its own and attached
 -- (SHARE UPDATE EXCLUSIVE on job_history: finishes and readers go on);
 -- rows of that day that the default partition took meanwhile move into it
--- first. The locks are only tried for a moment (lock_timeout), so nothing
--- queues behind this for longer: the next call tries again. Safe to call
--- from many processes at once.
+-- first. The attach's locks are only tried for a moment (lock_timeout),
+-- so nothing queues behind it for longer: the next call tries again. (The
+-- table is made without that bound: it conflicts with no one, but it may
+-- wait an instant for the catalogs, which all sessions extend.) Safe to
+-- call from many processes at once.
 CREATE FUNCTION history_partition(p_day date) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
-SET lock_timeout = '5ms'
+SET lock_timeout = '10s'
 AS $$
 DECLARE
     v_name text := 'job_history_p' || to_char(p_day, 'YYYYMMDD');
@@ -168,6 +170,7 @@ BEGIN
         v_name, v_name || '_range', v_from, v_to);
     EXECUTE format('WITH m AS (DELETE FROM job_history_default WHERE expires_at >= %L AND expires_at < %L RETURNING *)
         INSERT INTO %I SELECT * FROM m', v_from, v_to, v_name);
+    PERFORM set_config('lock_timeout', '5ms', true); -- until the function returns
     EXECUTE format('ALTER TABLE job_history ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)', v_name, v_from, v_to);
     RETURN true;
 END
@@ -487,4 +490,17 @@ BEGIN
 END
 $$;
 
-SELECT history_partition((now() AT TIME ZONE 'UTC')::date + d) FROM generate_series(0, 9) AS d;
+-- The days ahead; one whose attach could not have its locks at once is
+-- left to the maintenance loop, which makes the missing days before the
+-- first Work call starts.
+DO $$
+BEGIN
+    FOR d IN 0..9 LOOP
+        BEGIN
+            PERFORM history_partition((now() AT TIME ZONE 'UTC')::date + d);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;
+        END;
+    END LOOP;
+END
+$$;

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -29,7 +30,8 @@ var (
 
 type controlSQL struct {
 	deleteLive, deleteFinished, retryQueued, retryInPlace, retryFinished string
-	retryBatch, cancelBatch, deleteBatchFinished, deleteBatchLive        string
+	retryBatch, retryBatchFailed, cancelBatch                            string
+	deleteBatchFinished, deleteBatchFailed, deleteBatchLive              string
 }
 
 func (s *Store) buildControl() {
@@ -48,10 +50,22 @@ WHERE id = $1 AND state IN ('completed', 'failed', 'cancelled')`
 	worker, ordering_key, unique_key, %s, last_error, errors, created_at, started_at`
 	c.retryFinished = `WITH h AS (DELETE FROM ` + s.history + ` WHERE id = $1 RETURNING *)
 INSERT INTO ` + s.jobs + ` (` + cols + `) ` + fmt.Sprintf(back, "$2", "$3") + ` FROM h RETURNING id`
-	c.retryBatch = `WITH h AS (
-	DELETE FROM ` + s.history + ` WHERE id = ANY($1::uuid[]) AND ordering_key IS NULL AND unique_key IS NULL RETURNING *
+	// Batches of finished jobs are found by finish time, the IDs only
+	// filter: a BRIN index answers "id = ANY(500 IDs)" with one scan of
+	// the whole index per ID (1.4 s at 1M rows), while the page's finish
+	// time range is one scan, of the rows the page's List read anyway. A
+	// batch of failed and cancelled jobs reads the partial index of those.
+	inRange := func(states string) string {
+		return `finished_at BETWEEN $2 AND $3` + states + ` AND (id = ANY($1::uuid[])) IS TRUE`
+	}
+	const failed = ` AND state IN ('failed', 'cancelled')`
+	retry := func(where string) string {
+		return `WITH h AS (
+	DELETE FROM ` + s.history + ` WHERE ` + where + ` AND ordering_key IS NULL AND unique_key IS NULL RETURNING *
 )
 INSERT INTO ` + s.jobs + ` (` + cols + `) ` + fmt.Sprintf(back, "'available'", "0") + ` FROM h RETURNING id, type, tags`
+	}
+	c.retryBatch, c.retryBatchFailed = retry(inRange("")), retry(inRange(failed))
 	// Queued jobs without dependents, ordering key or other holder;
 	// completion notices for waiters.
 	c.cancelBatch = `WITH l AS (
@@ -63,7 +77,8 @@ INSERT INTO ` + s.jobs + ` (` + cols + `) ` + fmt.Sprintf(back, "'available'", "
 	FROM l WHERE j.id = l.id RETURNING j.id, j.notify_done
 )
 SELECT c.id, (SELECT count(pg_notify($2, json_build_object('done', x.id)::text)) FROM c x WHERE x.notify_done) FROM c`
-	c.deleteBatchFinished = `DELETE FROM ` + s.history + ` WHERE id = ANY($1::uuid[]) RETURNING id`
+	c.deleteBatchFinished = `DELETE FROM ` + s.history + ` WHERE ` + inRange("") + ` RETURNING id`
+	c.deleteBatchFailed = `DELETE FROM ` + s.history + ` WHERE ` + inRange(failed) + ` RETURNING id`
 	c.deleteBatchLive = `DELETE FROM ` + s.jobs + ` j WHERE j.id IN (
 	SELECT f.id FROM ` + s.jobs + ` f WHERE f.id = ANY($1::uuid[])
 	  AND f.state IN ('scheduled', 'available', 'completed', 'failed', 'cancelled')
@@ -211,11 +226,53 @@ type BatchOutcome struct {
 	Avail []Avail
 }
 
-// RetryBatch makes the finished jobs among ids that have neither ordering
-// nor unique key available now, in one statement.
-func (s *Store) RetryBatch(ctx context.Context, ids []uuid.UUID) (BatchOutcome, error) {
+// Batch is a page of jobs for a batch write: their IDs and, for finished
+// ones, the range of their finish times (the index that finds them).
+type Batch struct {
+	IDs []uuid.UUID
+	// From and To bound the finish times of the finished jobs among IDs.
+	From, To time.Time
+	// FailedOnly says every finished job among IDs failed or was
+	// cancelled.
+	FailedOnly bool
+}
+
+// Add puts a job in the batch.
+func (b *Batch) Add(id uuid.UUID, finished *time.Time, state string) {
+	b.IDs = append(b.IDs, id)
+	if finished == nil {
+		return
+	}
+	if b.From.IsZero() {
+		b.From, b.To, b.FailedOnly = *finished, *finished, true
+	}
+	if finished.Before(b.From) {
+		b.From = *finished
+	}
+	if finished.After(b.To) {
+		b.To = *finished
+	}
+	if state != "failed" && state != "cancelled" {
+		b.FailedOnly = false
+	}
+}
+
+// finished picks the statement for the batch's finished jobs.
+func (b *Batch) finished(all, failed string) string {
+	if b.FailedOnly {
+		return failed
+	}
+	return all
+}
+
+// RetryBatch makes the finished jobs of b that have neither ordering nor
+// unique key available now, in one statement.
+func (s *Store) RetryBatch(ctx context.Context, b Batch) (BatchOutcome, error) {
 	var out BatchOutcome
-	rows, err := s.pool.Query(ctx, s.control.retryBatch, Mode, ids16(ids))
+	if b.From.IsZero() {
+		return out, nil
+	}
+	rows, err := s.pool.Query(ctx, b.finished(s.control.retryBatch, s.control.retryBatchFailed), Mode, ids16(b.IDs), b.From, b.To)
 	if err != nil {
 		return out, err
 	}
@@ -229,12 +286,12 @@ func (s *Store) RetryBatch(ctx context.Context, ids []uuid.UUID) (BatchOutcome, 
 	return out, err
 }
 
-// CancelBatch cancels the queued jobs among ids that have no ordering key
-// and no dependents, in one statement (the retirer moves them to
+// CancelBatch cancels the queued jobs of b that have no ordering key and
+// no dependents, in one statement (the retirer moves them to
 // job_history).
-func (s *Store) CancelBatch(ctx context.Context, ids []uuid.UUID) (BatchOutcome, error) {
+func (s *Store) CancelBatch(ctx context.Context, b Batch) (BatchOutcome, error) {
 	var out BatchOutcome
-	rows, err := s.pool.Query(ctx, s.control.cancelBatch, Mode, ids16(ids), s.channel)
+	rows, err := s.pool.Query(ctx, s.control.cancelBatch, Mode, ids16(b.IDs), s.channel)
 	if err != nil {
 		return out, err
 	}
@@ -247,20 +304,23 @@ func (s *Store) CancelBatch(ctx context.Context, ids []uuid.UUID) (BatchOutcome,
 	return out, err
 }
 
-// DeleteBatch deletes the finished jobs among ids, and the queued ones
-// that have no ordering key and no dependents.
-func (s *Store) DeleteBatch(ctx context.Context, ids []uuid.UUID) (BatchOutcome, error) {
+// DeleteBatch deletes the finished jobs of b, and the queued ones that
+// have no ordering key and no dependents.
+func (s *Store) DeleteBatch(ctx context.Context, b Batch) (BatchOutcome, error) {
 	var out BatchOutcome
-	for _, q := range []string{s.control.deleteBatchFinished, s.control.deleteBatchLive} {
-		rows, err := s.pool.Query(ctx, q, Mode, ids16(ids))
+	collect := func(q string, args ...any) error {
+		rows, err := s.pool.Query(ctx, q, append([]any{Mode, ids16(b.IDs)}, args...)...)
 		if err != nil {
-			return out, err
+			return err
 		}
 		done, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-		if err != nil {
+		out.Done = append(out.Done, done...)
+		return err
+	}
+	if !b.From.IsZero() {
+		if err := collect(b.finished(s.control.deleteBatchFinished, s.control.deleteBatchFailed), b.From, b.To); err != nil {
 			return out, err
 		}
-		out.Done = append(out.Done, done...)
 	}
-	return out, nil
+	return out, collect(s.control.deleteBatchLive)
 }

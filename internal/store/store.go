@@ -19,10 +19,13 @@
 package store
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -262,13 +265,40 @@ func (s *Store) Insert(ctx context.Context, db DB, jobs []NewJob, payloads []str
 }
 
 // ExistingIDs returns those of ids that name a job, live or finished.
+// job_history is searched by ranges of IDs, one per cluster of IDs made
+// within a second of each other (UUIDv7 IDs sort by time): its BRIN index
+// answers a range with one scan of the index, where "id = ANY(ids)" would
+// scan the whole index once per ID.
 func (s *Store) ExistingIDs(ctx context.Context, db DB, ids []uuid.UUID) ([]uuid.UUID, error) {
+	lo, hi := idRanges(ids, 1000)
 	rows, err := db.Query(ctx, `SELECT id FROM `+s.jobs+` WHERE id = ANY($1::uuid[])
-UNION ALL SELECT id FROM `+s.history+` WHERE id = ANY($1::uuid[])`, Mode, ids16(ids))
+UNION ALL SELECT h.id FROM unnest($2::uuid[], $3::uuid[]) AS r(lo, hi)
+CROSS JOIN LATERAL (SELECT id FROM `+s.history+` WHERE id BETWEEN r.lo AND r.hi AND (id = ANY($1::uuid[])) IS TRUE) h`,
+		Mode, ids16(ids), ids16(lo), ids16(hi))
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+}
+
+// idRanges cuts ids, in order, into ranges whose neighbouring IDs' UUIDv7
+// times lie at most gapMS apart.
+func idRanges(ids []uuid.UUID, gapMS int64) (lo, hi []uuid.UUID) {
+	sorted := slices.Clone(ids)
+	slices.SortFunc(sorted, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+	for i, id := range sorted {
+		if i == 0 || v7ms(id)-v7ms(sorted[i-1]) > gapMS {
+			lo, hi = append(lo, id), append(hi, id)
+			continue
+		}
+		hi[len(hi)-1] = id
+	}
+	return lo, hi
+}
+
+// v7ms is the millisecond time of a UUIDv7.
+func v7ms(id uuid.UUID) int64 {
+	return int64(binary.BigEndian.Uint64(append([]byte{0, 0}, id[:6]...)))
 }
 
 // Notify sends NOTIFY postings in a transaction of their own: one

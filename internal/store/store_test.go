@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"os"
 	"reflect"
 	"testing"
@@ -322,4 +323,23 @@ func TestHistoryPartitionTakesItsDayFromTheDefault(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "completed", r.State)
 	}
+}
+
+// TestIDRanges: IDs made within the gap of each other share a range;
+// ranges come out in order whatever order the IDs came in.
+func TestIDRanges(t *testing.T) {
+	at := func(ms int64, last byte) uuid.UUID {
+		var id uuid.UUID
+		binary.BigEndian.PutUint64(id[:8], uint64(ms)<<16)
+		id[6], id[15] = 0x70, last
+		return id
+	}
+	a, b, c, d := at(1_000, 1), at(1_500, 2), at(2_600, 3), at(2_600, 4)
+	lo, hi := idRanges([]uuid.UUID{d, a, c, b}, 1000)
+	require.Equal(t, []uuid.UUID{a, c}, lo)
+	require.Equal(t, []uuid.UUID{b, d}, hi)
+	require.Equal(t, int64(2_600), v7ms(c))
+	lo, hi = idRanges(nil, 1000)
+	require.Empty(t, lo)
+	require.Empty(t, hi)
 }
