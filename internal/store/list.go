@@ -85,9 +85,23 @@ func V7Floor(t time.Time) uuid.UUID {
 	return u
 }
 
-// List returns one page of jobs.
+// List returns one page of jobs. Its statements share one snapshot (a
+// read-only REPEATABLE READ transaction): a job that moves from jobs to
+// job_history meanwhile is seen in one of the two, never in neither (the
+// walk reads job_history first when oldest first).
 func (s *Store) List(ctx context.Context, q ListQuery) (ListResult, error) {
 	var res ListResult
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return res, err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read only
+	// Never a sequential scan: a window of job_history is read through its
+	// BRIN index even when the planner guesses the window holds much of
+	// the table (it then read all 18,500 pages of a million jobs).
+	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`, Mode); err != nil {
+		return res, err
+	}
 	// A job that just finished may still be in jobs, for the moment before
 	// it moves: jobs is always walked.
 	wantFinished := len(q.States) == 0 || slices.ContainsFunc(q.States, func(st string) bool { return slices.Contains(terminalStates, st) })
@@ -97,8 +111,8 @@ func (s *Store) List(ctx context.Context, q ListQuery) (ListResult, error) {
 		finished bool
 		run      func(*ListCursor) (*ListCursor, error)
 	}
-	live := phase{false, func(after *ListCursor) (*ListCursor, error) { return s.listLive(ctx, &q, after, &res) }}
-	fin := phase{true, func(after *ListCursor) (*ListCursor, error) { return s.listFinished(ctx, &q, after, &res) }}
+	live := phase{false, func(after *ListCursor) (*ListCursor, error) { return s.listLive(ctx, tx, &q, after, &res) }}
+	fin := phase{true, func(after *ListCursor) (*ListCursor, error) { return s.listFinished(ctx, tx, &q, after, &res) }}
 	phases := []phase{live, fin}
 	if q.Oldest {
 		phases = []phase{fin, live}
@@ -232,7 +246,7 @@ const listCols = `r.id, r.type, r.args, r.tags, r.state, r.priority, r.run_at, r
 // read (its id and finished_at) with how many were. It adds the matching
 // rows to the result and returns the last row read (nil when none was)
 // and whether fewer than q.Scan rows were read.
-func (s *Store) listScan(ctx context.Context, q *ListQuery, read string, a *listArgs, lastOrder string, res *ListResult) (*ListCursor, int, error) {
+func (s *Store) listScan(ctx context.Context, tx pgx.Tx, q *ListQuery, read string, a *listArgs, lastOrder string, res *ListResult) (*ListCursor, int, error) {
 	f := &listArgs{args: a.args}
 	q.filters(f)
 	sql := `WITH r AS (` + read + `)
@@ -242,17 +256,6 @@ FROM (SELECT (SELECT id FROM r ORDER BY ` + lastOrder + ` LIMIT 1) AS id,
 LEFT JOIN r ON ` + f.sql("r.")
 	if s.explain != nil {
 		s.explain(sql, f.args)
-	}
-	// Never a sequential scan: a window of job_history is read through its
-	// BRIN index even when the planner guesses the window holds much of
-	// the table (it then read all 18,500 pages of a million jobs).
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // read only
-	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`, Mode); err != nil {
-		return nil, 0, err
 	}
 	rows, err := tx.Query(ctx, sql, append([]any{Mode}, f.args...)...)
 	if err != nil {
@@ -308,7 +311,7 @@ LEFT JOIN r ON ` + f.sql("r.")
 
 // listLive walks jobs by ID, along its primary key or the index of a key
 // filter. It returns where to go on, or nil when the phase is done.
-func (s *Store) listLive(ctx context.Context, q *ListQuery, after *ListCursor, res *ListResult) (*ListCursor, error) {
+func (s *Store) listLive(ctx context.Context, tx pgx.Tx, q *ListQuery, after *ListCursor, res *ListResult) (*ListCursor, error) {
 	order, back, cmp := "DESC", "ASC", "<"
 	if q.Oldest {
 		order, back, cmp = "ASC", "DESC", ">"
@@ -333,7 +336,7 @@ func (s *Store) listLive(ctx context.Context, q *ListQuery, after *ListCursor, r
 	a.args = append(a.args, q.Scan)
 	read := `SELECT * FROM ` + s.jobs + ` WHERE ` + a.sql("") + ` ORDER BY id ` + order + ` LIMIT $` + strconv.Itoa(len(a.args))
 	start := len(res.Rows)
-	last, n, err := s.listScan(ctx, q, read, a, "id "+back, res)
+	last, n, err := s.listScan(ctx, tx, q, read, a, "id "+back, res)
 	if err != nil {
 		return nil, err
 	}
@@ -347,7 +350,7 @@ func (s *Store) listLive(ctx context.Context, q *ListQuery, after *ListCursor, r
 
 // listFinished walks job_history by finish time and ID. It returns where to
 // go on, or nil when the phase is done.
-func (s *Store) listFinished(ctx context.Context, q *ListQuery, after *ListCursor, res *ListResult) (*ListCursor, error) {
+func (s *Store) listFinished(ctx context.Context, tx pgx.Tx, q *ListQuery, after *ListCursor, res *ListResult) (*ListCursor, error) {
 	order, back, cmp := "DESC", "ASC", "<"
 	if q.Oldest {
 		order, back, cmp = "ASC", "DESC", ">"
@@ -384,7 +387,7 @@ func (s *Store) listFinished(ctx context.Context, q *ListQuery, after *ListCurso
 		position(a)
 		a.args = append(a.args, q.Scan)
 		read := `SELECT * FROM ` + from + ` WHERE ` + a.sql("") + ` ORDER BY ` + keyOrder + ` LIMIT $` + strconv.Itoa(len(a.args))
-		last, n, err := s.listScan(ctx, q, read, a, lastOrder, res)
+		last, n, err := s.listScan(ctx, tx, q, read, a, lastOrder, res)
 		if err != nil || n < q.Scan {
 			return nil, err
 		}
@@ -412,7 +415,7 @@ func (s *Store) listFinished(ctx context.Context, q *ListQuery, after *ListCurso
 	if after != nil && !after.FinishedAt.IsZero() && after.FinishedAt.Year() < 9999 {
 		cur = after.FinishedAt
 	}
-	buckets, err := s.finishedBuckets(ctx, floor, ceil)
+	buckets, err := s.finishedBuckets(ctx, tx, floor, ceil)
 	if err != nil {
 		return nil, err
 	}
@@ -425,7 +428,7 @@ func (s *Store) listFinished(ctx context.Context, q *ListQuery, after *ListCurso
 		position(a)
 		a.args = append(a.args, budget)
 		read := `SELECT * FROM ` + s.history + ` WHERE ` + a.sql("") + ` ORDER BY ` + keyOrder + ` LIMIT $` + strconv.Itoa(len(a.args))
-		last, n, err := s.listScan(ctx, q, read, a, lastOrder, res)
+		last, n, err := s.listScan(ctx, tx, q, read, a, lastOrder, res)
 		if err != nil {
 			return nil, err
 		}
@@ -462,8 +465,8 @@ type timeBucket struct {
 
 // finishedBuckets reads the counters of finished jobs between from and to,
 // by time.
-func (s *Store) finishedBuckets(ctx context.Context, from, to time.Time) ([]timeBucket, error) {
-	rows, err := s.pool.Query(ctx, `SELECT bucket, bucket + interval '1 minute', sum(n)::bigint FROM `+
+func (s *Store) finishedBuckets(ctx context.Context, tx pgx.Tx, from, to time.Time) ([]timeBucket, error) {
+	rows, err := tx.Query(ctx, `SELECT bucket, bucket + interval '1 minute', sum(n)::bigint FROM `+
 		pgx.Identifier{s.schema, "job_counts"}.Sanitize()+` WHERE bucket >= $1::timestamptz - interval '1 minute' AND bucket < $2::timestamptz GROUP BY bucket
 UNION ALL
 SELECT bucket, bucket + interval '1 hour', sum(n)::bigint FROM `+pgx.Identifier{s.schema, "job_counts_hourly"}.Sanitize()+`

@@ -76,6 +76,10 @@ const oldestSnapshotSQL = `SELECT kind, pid, age_ms, state, app, query FROM (
 	FROM pg_stat_activity
 	WHERE backend_xmin IS NOT NULL AND xact_start IS NOT NULL AND pid <> pg_backend_pid()
 	  AND datname = current_database() AND backend_type NOT LIKE 'autovacuum%'
+	  -- An idle session holds no snapshot (one that reads notifications
+	  -- shows a passing xmin, with the start of its last transaction); a
+	  -- VACUUM's xmin holds back no other cleanup.
+	  AND state IS DISTINCT FROM 'idle' AND pid NOT IN (SELECT v.pid FROM pg_stat_progress_vacuum v)
 	UNION ALL
 	SELECT 'prepared transaction', 0, (extract(epoch FROM now() - prepared) * 1000)::bigint, '', gid, ''
 	FROM pg_prepared_xacts WHERE database = current_database()
