@@ -71,9 +71,9 @@ func checkFlat(ss []sample, w, d time.Duration) flatCheck {
 
 // sizeRow is one relation's size over a phase.
 type sizeRow struct {
-	name             string
-	atW, end, max    int64
-	checked, bounded bool
+	name                   string
+	atW, atLastW, end, max int64
+	checked, bounded       bool
 }
 
 // checkSizes reports each size at the end of the first window, at the end
@@ -84,10 +84,13 @@ func checkSizes(res *phaseResult, w time.Duration) []sizeRow {
 	if len(ss) == 0 {
 		return nil
 	}
-	var early *sample
+	var early, lastW *sample
 	for i := range ss {
 		if ss[i].mark <= w {
 			early = &ss[i]
+		}
+		if ss[i].mark <= res.planned-w {
+			lastW = &ss[i]
 		}
 	}
 	last := ss[len(ss)-1]
@@ -98,6 +101,9 @@ func checkSizes(res *phaseResult, w time.Duration) []sizeRow {
 		}
 		if early != nil {
 			r.atW = f(early.db)
+		}
+		if lastW != nil {
+			r.atLastW = f(lastW.db)
 		}
 		if r.checked {
 			r.bounded = float64(r.end) <= sizeGrowthMax*float64(r.atW)
@@ -125,23 +131,24 @@ func checkSizes(res *phaseResult, w time.Duration) []sizeRow {
 
 // holdAnalysis is what the held transaction did to the queue.
 type holdAnalysis struct {
-	ok                    bool
-	at, end               time.Duration // nominal start and end of the hold
-	pre, during, after    float64       // completed/s before (one window), during, after the hold
-	preFrom               time.Duration
-	minRate               float64 // the slowest window from the hold's start on
-	minMark               time.Duration
-	fell                  bool          // some window from the hold's start on was below 90 % of pre
-	floorBack, bandBack   time.Duration // after the hold's end: back ≥ 90 % / within ±10 % (recoveryRun windows in a row); -1: never
-	preDepthMax           int64
-	depthMax              int64         // from the hold's start on
-	depthLimit            int64         // preDepthMax plus one second of arrivals
-	depthBack             time.Duration // after the hold's end: available back ≤ depthLimit; -1: never
-	preClaimP99, claimP99 time.Duration // the worst 10-s p99 before / from the hold's start on
-	preHeap, preIdx       int64
-	maxHeap, maxIdx       int64
-	endHeap, endIdx       int64
-	preDead, maxDead      int64
+	ok                      bool
+	at, end                 time.Duration // nominal start and end of the hold
+	pre, during, after      float64       // completed/s before (one window), during, after the hold
+	preFrom                 time.Duration
+	minRate                 float64 // the slowest window from the hold's start on
+	minMark                 time.Duration
+	fell                    bool          // some window from the hold's start on was below 90 % of pre
+	floorBack, bandBack     time.Duration // after the hold's end: back ≥ 90 % / within ±10 % (recoveryRun windows in a row); -1: never
+	preDepthMax             int64
+	depthMax                int64         // from the hold's start on
+	depthLimit              int64         // preDepthMax plus one second of arrivals
+	depthBack               time.Duration // after the hold's end: available back ≤ depthLimit; -1: never
+	preClaimP99, claimP99   time.Duration // the worst 10-s p99 before / from the hold's start on
+	preHeap, preIdx         int64
+	maxHeap, maxIdx         int64
+	endHeap, endIdx         int64
+	holdEndHeap, holdEndIdx int64
+	preDead, maxDead        int64
 }
 
 func analyzeHold(ss []sample, at, length, w, d time.Duration, rate float64) holdAnalysis {
@@ -170,6 +177,9 @@ func analyzeHold(ss []sample, at, length, w, d time.Duration, rate float64) hold
 		h.claimP99 = max(h.claimP99, s.claim.p99)
 		h.maxHeap, h.maxIdx, h.maxDead = max(h.maxHeap, s.db.heap), max(h.maxIdx, s.db.indexTotal()), max(h.maxDead, s.db.dead)
 		h.endHeap, h.endIdx = s.db.heap, s.db.indexTotal()
+		if s.mark <= h.end {
+			h.holdEndHeap, h.holdEndIdx = s.db.heap, s.db.indexTotal()
+		}
 	}
 	after := window(ss, h.end, d)
 	h.floorBack = backAfter(after, h.end, func(s sample) bool { return s.rate() >= (1-flatTolerance)*h.pre })

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,7 +85,9 @@ type dbSample struct {
 	dead, live           int64
 	vacuums, autovacuums int64
 	analyzes, autoanlz   int64
-	otherActive          int // statements running in other databases of the server
+	otherActive          int           // statements running in other databases of the server
+	longest              time.Duration // the longest-running statement of the soak queue's pool
+	longestQuery         string        // its first 60 bytes
 	dur                  time.Duration
 	err                  string
 }
@@ -112,6 +115,7 @@ type sample struct {
 	oldTxWarns          int // cumulative
 	otherWarns          int // cumulative
 	load1               float64
+	cpuBusy             float64 // the machine's CPUs, busy share over the interval (0..1; -1 unknown)
 }
 
 func (s sample) rate() float64    { return float64(s.completed) / s.span.Seconds() }
@@ -309,7 +313,7 @@ func runPhase(ctx context.Context, e *env, cfg *config, name string, emulate *av
 	var ownMu sync.Mutex
 	ownAsked := false
 	var minuteClaim, minuteStart []time.Duration
-	prev := start
+	prev, cpuPrev := start, readCPU()
 	var prevEnq, prevDone, prevOther, prevErrs int64
 	logf("%s: %s at %.0f jobs/s (%d producers × EnqueueMany of %d), Work at its defaults, sampling every %s", name, cfg.duration, cfg.rate, cfg.producers, cfg.batch, cfg.every)
 	for k := 1; ; k++ {
@@ -347,6 +351,9 @@ func runPhase(ctx context.Context, e *env, cfg *config, name string, emulate *av
 		}
 		s.oldTxWarns, s.otherWarns = capture.counts()
 		s.load1 = load1()
+		cpuNow := readCPU()
+		s.cpuBusy = cpuNow.busySince(cpuPrev)
+		cpuPrev = cpuNow
 		res.samples = append(res.samples, s)
 		if s.mark%time.Minute == 0 {
 			res.minutes = append(res.minutes, minuteLat{minute: int(s.mark / time.Minute), claim: summarize(minuteClaim), start: summarize(minuteStart)})
@@ -528,24 +535,37 @@ func holdTx(ctx context.Context, e *env, jobsT string, start time.Time, at, leng
 }
 
 // readDB reads the queue depth, the sizes of jobs and its indexes, and
-// jobs' row statistics, in one statement.
+// jobs' row statistics. The depth (a count over jobs, slow while jobs is
+// bloated) is a statement of its own: the sizes lock every job_history
+// partition (ACCESS SHARE, until the statement ends), and the queue's
+// partition maintenance tries its locks for 5 ms only.
 func readDB(ctx context.Context, conn *pgx.Conn, schema string, idx []uint32) dbSample {
 	var d dbSample
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	hist := pgx.Identifier{schema, "job_history"}.Sanitize()
 	t0 := time.Now()
+	var longestMS int64
 	err := conn.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM `+jobs+` WHERE state = 'available'),
-		(SELECT count(*) FROM `+jobs+` WHERE state = 'running'),
 		pg_relation_size($1::regclass), pg_total_relation_size($1::regclass),
 		(SELECT COALESCE(array_agg(pg_relation_size(i::regclass) ORDER BY o), '{}') FROM unnest($3::oid[]) WITH ORDINALITY AS t(i, o)),
 		(SELECT COALESCE(sum(pg_total_relation_size(relid)), 0)::bigint FROM pg_partition_tree($2::regclass)),
 		st.n_dead_tup, st.n_live_tup, st.vacuum_count, st.autovacuum_count, st.analyze_count, st.autoanalyze_count,
 		(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND state = 'active'
-			AND datname IS DISTINCT FROM current_database())
-		FROM pg_stat_user_tables st WHERE st.relid = $1::regclass`, jobs, hist, idx).Scan(
-		&d.available, &d.running, &d.heap, &d.total, &d.idx, &d.history,
-		&d.dead, &d.live, &d.vacuums, &d.autovacuums, &d.analyzes, &d.autoanlz, &d.otherActive)
+			AND datname IS DISTINCT FROM current_database()),
+		COALESCE(a.ms, 0), COALESCE(a.query, '')
+		FROM pg_stat_user_tables st
+		LEFT JOIN LATERAL (SELECT (extract(epoch FROM clock_timestamp() - query_start) * 1000)::bigint AS ms, left(query, 60) AS query
+			FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'backlog-soak' AND state = 'active'
+			ORDER BY query_start LIMIT 1) a ON true
+		WHERE st.relid = $1::regclass`, jobs, hist, idx).Scan(
+		&d.heap, &d.total, &d.idx, &d.history,
+		&d.dead, &d.live, &d.vacuums, &d.autovacuums, &d.analyzes, &d.autoanlz, &d.otherActive, &longestMS, &d.longestQuery)
+	if err == nil {
+		// Each count can read the partial index of its state.
+		err = conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+jobs+` WHERE state = 'available'),
+			(SELECT count(*) FROM `+jobs+` WHERE state = 'running')`).Scan(&d.available, &d.running)
+	}
+	d.longest = time.Duration(longestMS) * time.Millisecond
 	d.dur = time.Since(t0)
 	if err != nil {
 		d.err = err.Error()
@@ -561,6 +581,43 @@ func forRows(rows pgx.Rows, f func(pgx.Rows) error) error {
 		}
 	}
 	return rows.Err()
+}
+
+// cpuTimes is the first line of /proc/stat: the machine's CPU time, all
+// CPUs together, in ticks.
+type cpuTimes struct{ busy, total uint64 }
+
+func readCPU() cpuTimes {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuTimes{}
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return cpuTimes{}
+	}
+	var c cpuTimes
+	for i, v := range f[1:] {
+		if i >= 8 { // guest time is already in user and nice
+			break
+		}
+		n, _ := strconv.ParseUint(v, 10, 64)
+		c.total += n
+		if i != 3 && i != 4 { // idle, iowait
+			c.busy += n
+		}
+	}
+	return c
+}
+
+// busySince is the busy share of the CPUs since an earlier reading; -1
+// when unknown.
+func (c cpuTimes) busySince(prev cpuTimes) float64 {
+	if c.total <= prev.total || prev.total == 0 {
+		return -1
+	}
+	return float64(c.busy-prev.busy) / float64(c.total-prev.total)
 }
 
 // load1 is the machine's one-minute load average.

@@ -100,8 +100,12 @@ func renderPhase(b *strings.Builder, cfg *config, r *phaseResult) {
 	// Throughput.
 	fc := checkFlat(r.samples, w, d)
 	if fc.ok {
-		fmt.Fprintf(b, "- **Throughput flat: %s.** Completed %s jobs/s in the first %s, %s jobs/s in the last %s (%s–%s): last ÷ first = %.3f (limit ±%.0f %%). Enqueued: %s and %s jobs/s.\n",
-			passFail(fc.pass), fmtInt(fc.first), fmtDur(w), fmtInt(fc.last), fmtDur(w), fmtOffset(d-w), fmtOffset(d), fc.ratio, flatTolerance*100, fmtInt(fc.firstEnq), fmtInt(fc.lastEnq))
+		first, last := window(r.samples, 0, w), window(r.samples, d-w, d)
+		fmt.Fprintf(b, "- **Throughput flat: %s.** Completed %s jobs/s in the first %s, %s jobs/s in the last %s (%s–%s): last ÷ first = %.3f (limit ±%.0f %%). Enqueued: %s and %s jobs/s. "+
+			"At a fixed arrival rate the completed rate equals it while the queue keeps up, so the margins show in the depth and latency: queue depth at most %s and %s, worst %s claim p99 %s ms and %s ms.\n",
+			passFail(fc.pass), fmtInt(fc.first), fmtDur(w), fmtInt(fc.last), fmtDur(w), fmtOffset(d-w), fmtOffset(d), fc.ratio, flatTolerance*100, fmtInt(fc.firstEnq), fmtInt(fc.lastEnq),
+			fmtInt(float64(maxOf(first, func(s sample) int64 { return s.db.available }))), fmtInt(float64(maxOf(last, func(s sample) int64 { return s.db.available }))),
+			fmtDur(cfg.every), fmtMS(maxDur(first, func(s sample) time.Duration { return s.claim.p99 })), fmtMS(maxDur(last, func(s sample) time.Duration { return s.claim.p99 })))
 	} else if fc.first == 0 {
 		fmt.Fprintf(b, "- Throughput flat: no verdict (no job completed in the first %s).\n", fmtDur(w))
 	} else {
@@ -134,19 +138,21 @@ func renderPhase(b *strings.Builder, cfg *config, r *phaseResult) {
 	} else {
 		fmt.Fprintf(b, "- Sizes bounded: no verdict (the phase did not get past %s):\n\n", fmtOffset(w))
 	}
-	fmt.Fprintf(b, "| relation | at %s | at the end | max | end ÷ at %s |\n|---|---:|---:|---:|---:|\n", fmtOffset(w), fmtOffset(w))
-	for _, row := range rows {
-		ratio := "–"
-		if row.atW > 0 {
-			ratio = fmt.Sprintf("%.2f", float64(row.end)/float64(row.atW))
+	fmt.Fprintf(b, "| relation | at %s | at %s | at the end | max | end ÷ at %s | end ÷ at %s |\n|---|---:|---:|---:|---:|---:|---:|\n", fmtOffset(w), fmtOffset(d-w), fmtOffset(w), fmtOffset(d-w))
+	ratio := func(a, b int64) string {
+		if b <= 0 {
+			return "–"
 		}
+		return fmt.Sprintf("%.2f", float64(a)/float64(b))
+	}
+	for _, row := range rows {
 		mark := ""
 		if row.checked && !row.bounded {
 			mark = " (over)"
 		}
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s%s |\n", row.name, fmtMB(row.atW), fmtMB(row.end), fmtMB(row.max), ratio, mark)
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s%s | %s |\n", row.name, fmtMB(row.atW), fmtMB(row.atLastW), fmtMB(row.end), fmtMB(row.max), ratio(row.end, row.atW), mark, ratio(row.end, row.atLastW))
 	}
-	b.WriteString("\n")
+	fmt.Fprintf(b, "\nThe last column is the growth over the last %s: above 1 the relation was still growing at the end.\n\n", fmtDur(w))
 	if len(r.samples) > 0 && r.completed > 0 {
 		last := r.samples[len(r.samples)-1]
 		fmt.Fprintf(b, "- job_history grows by about %.0f bytes per completed job (its size at the end ÷ the jobs completed by then).\n", float64(last.db.history)/float64(r.completed))
@@ -229,6 +235,27 @@ func renderOldTx(b *strings.Builder, cfg *config, r *phaseResult) {
 	} else {
 		fmt.Fprintf(b, "- Stats().OldestTransaction: no open transaction at any sample.\n")
 	}
+	var vacN int
+	var vacAge time.Duration
+	for _, s := range r.samples {
+		if s.oldest != nil && s.oldest.Application == "backlog-soak-vacuum" {
+			vacN++
+			vacAge = max(vacAge, s.oldest.Age)
+		}
+	}
+	if vacN > 0 {
+		fmt.Fprintf(b, "- Stats().OldestTransaction named the emulation's VACUUM session at %d of %d samples (up to %s old). A lazy VACUUM's xmin does not hold back what other sessions may clean up (PostgreSQL skips backends flagged PROC_IN_VACUUM), but the queue's check (pg_stat_activity.backend_xmin, leaving out autovacuum workers only) counts it: a manual VACUUM running longer than %s would be warned about as an old transaction.\n",
+			vacN, len(r.samples), fmtDur(vacAge.Round(time.Second)), fmtDur(backlog.OldTransactionWarning))
+	}
+	var longest sample
+	for _, s := range r.samples {
+		if s.db.longest > longest.db.longest {
+			longest = s
+		}
+	}
+	if longest.db.longest > 0 {
+		fmt.Fprintf(b, "- Longest-running statement of the soak queue's pool seen at a sample: %s ms at %s (%q…).\n", fmtMS(longest.db.longest), fmtOffset(longest.mark), longest.db.longestQuery)
+	}
 	if len(oldTx) == 0 {
 		fmt.Fprintf(b, "- Old-transaction warnings logged by the queue: none.\n")
 		return
@@ -292,8 +319,8 @@ func renderHold(b *strings.Builder, cfg *config, r *phaseResult) {
 	fmt.Fprintf(b, "- Queue depth (available): at most %s before, at most %s from the hold's start on; back to ≤ %s (the most before plus one second of arrivals) %s.\n",
 		fmtInt(float64(h.preDepthMax)), fmtInt(float64(h.depthMax)), fmtInt(float64(h.depthLimit)), depth)
 	fmt.Fprintf(b, "- Claim latency: worst %s p99 %s ms before, %s ms from the hold's start on.\n", fmtDur(cfg.every), fmtMS(h.preClaimP99), fmtMS(h.claimP99))
-	fmt.Fprintf(b, "- jobs table: %s before, at most %s, %s at the end; its indexes: %s, at most %s, %s at the end; n_dead_tup at most %s before, %s from the hold's start on.\n",
-		fmtMB(h.preHeap), fmtMB(h.maxHeap), fmtMB(h.endHeap), fmtMB(h.preIdx), fmtMB(h.maxIdx), fmtMB(h.endIdx), fmtInt(float64(h.preDead)), fmtInt(float64(h.maxDead)))
+	fmt.Fprintf(b, "- jobs table: %s before, %s when the transaction ended, at most %s, %s at the end; its indexes: %s, %s, at most %s, %s at the end; n_dead_tup at most %s before, %s from the hold's start on.\n",
+		fmtMB(h.preHeap), fmtMB(h.holdEndHeap), fmtMB(h.maxHeap), fmtMB(h.endHeap), fmtMB(h.preIdx), fmtMB(h.holdEndIdx), fmtMB(h.maxIdx), fmtMB(h.endIdx), fmtInt(float64(h.preDead)), fmtInt(float64(h.maxDead)))
 
 	// When the queue noticed.
 	var firstWarn *logEntry
@@ -370,7 +397,7 @@ func renderOtherLogs(b *strings.Builder, r *phaseResult) {
 }
 
 func renderMinutes(b *strings.Builder, cfg *config, r *phaseResult) {
-	b.WriteString("| minute | completed/s | enqueued/s | depth (max) | claim p50 / p99 ms | enqueue→start p99 ms | jobs table MB | jobs indexes MB | n_dead_tup (max) | vacuums | oldest xact (max) | old-xact warnings | load1 (max) | other DBs' statements (max) |\n")
+	b.WriteString("| minute | completed/s | enqueued/s | depth (max) | claim p50 / p99 ms | enqueue→start p99 ms | jobs table MB | jobs indexes MB | n_dead_tup (max) | vacuums | oldest xact (max) | old-xact warnings | machine CPU busy | other DBs' statements (max) |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n")
 	lat := map[int]minuteLat{}
 	for _, m := range r.minutes {
@@ -390,14 +417,21 @@ func renderMinutes(b *strings.Builder, cfg *config, r *phaseResult) {
 		vac := last.db.vacuums + last.db.autovacuums
 		var oldest time.Duration
 		oldestApp := ""
-		var load float64
-		var other int
+		var cpu float64
+		var cpuN, other int
 		for _, s := range ss {
 			if s.oldest != nil && s.oldest.Age >= oldest {
 				oldest, oldestApp = s.oldest.Age, s.oldest.Application
 			}
-			load = max(load, s.load1)
+			if s.cpuBusy >= 0 {
+				cpu += s.cpuBusy
+				cpuN++
+			}
 			other = max(other, s.db.otherActive)
+		}
+		cpuText := "?"
+		if cpuN > 0 {
+			cpuText = fmt.Sprintf("%.0f %%", cpu/float64(cpuN)*100)
 		}
 		oldestText := "–"
 		if oldestApp != "" || oldest > 0 {
@@ -408,20 +442,20 @@ func renderMinutes(b *strings.Builder, cfg *config, r *phaseResult) {
 			label += " (hold)"
 		}
 		l := lat[m]
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s / %s | %s | %.1f | %.1f | %s | %d | %s | %d | %.2f | %d |\n",
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s / %s | %s | %.1f | %.1f | %s | %d | %s | %d | %s | %d |\n",
 			label, fmtInt(done), fmtInt(enq), fmtInt(float64(maxOf(ss, func(s sample) int64 { return s.db.available }))),
 			fmtMS(l.claim.p50), fmtMS(l.claim.p99), fmtMS(l.start.p99),
 			float64(last.db.heap)/1e6, float64(last.db.indexTotal())/1e6, fmtInt(float64(maxOf(ss, func(s sample) int64 { return s.db.dead }))),
-			vac-prevVac, oldestText, last.oldTxWarns-prevWarn, load, other)
+			vac-prevVac, oldestText, last.oldTxWarns-prevWarn, cpuText, other)
 		prevVac, prevWarn = vac, last.oldTxWarns
 	}
-	b.WriteString("\nSizes are at the minute's last sample; vacuums = VACUUMs of jobs that finished in the minute (vacuum_count + autovacuum_count); oldest xact = the oldest Stats().OldestTransaction age in the minute's samples and its session's application; other DBs' statements = statements running in other databases of the server at a sample (shared machine).\n")
+	b.WriteString("\nSizes are at the minute's last sample; vacuums = VACUUMs of jobs that finished in the minute (vacuum_count + autovacuum_count); oldest xact = the oldest Stats().OldestTransaction age in the minute's samples and its session's application; machine CPU busy = all CPUs of the machine (/proc/stat), whoever used them; other DBs' statements = statements running in other databases of the server at a sample (shared machine).\n")
 }
 
 // samplesCSV is every sample of a phase, one line each.
 func samplesCSV(r *phaseResult) string {
 	var b strings.Builder
-	b.WriteString("mark_s,span_s,completed,enqueued,other_outcomes,enqueue_errors,producer_lag_ms,claim_p50_ms,claim_p99_ms,claim_max_ms,start_p50_ms,start_p99_ms,available,running,jobs_table_bytes,jobs_indexes_bytes,jobs_total_bytes,history_bytes,n_dead_tup,n_live_tup,vacuum_count,autovacuum_count,analyze_count,autoanalyze_count,oldest_pid,oldest_age_s,oldest_application,old_tx_warnings,other_warnings,load1,other_db_active,monitor_ms,stats_ms,errors")
+	b.WriteString("mark_s,span_s,completed,enqueued,other_outcomes,enqueue_errors,producer_lag_ms,claim_p50_ms,claim_p99_ms,claim_max_ms,start_p50_ms,start_p99_ms,available,running,jobs_table_bytes,jobs_indexes_bytes,jobs_total_bytes,history_bytes,n_dead_tup,n_live_tup,vacuum_count,autovacuum_count,analyze_count,autoanalyze_count,oldest_pid,oldest_age_s,oldest_application,old_tx_warnings,other_warnings,load1,cpu_busy,other_db_active,longest_stmt_ms,longest_stmt,monitor_ms,stats_ms,errors")
 	for _, n := range r.indexNames {
 		b.WriteString("," + n + "_bytes")
 	}
@@ -432,10 +466,10 @@ func samplesCSV(r *phaseResult) string {
 			pid, age, app = s.oldest.PID, s.oldest.Age.Seconds(), s.oldest.Application
 		}
 		errs := strings.TrimSpace(s.db.err + " " + s.statsErr)
-		fmt.Fprintf(&b, "%.0f,%.3f,%d,%d,%d,%d,%s,%s,%s,%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%q,%d,%d,%.2f,%d,%s,%s,%q",
+		fmt.Fprintf(&b, "%.0f,%.3f,%d,%d,%d,%d,%s,%s,%s,%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%q,%d,%d,%.2f,%.3f,%d,%s,%q,%s,%s,%q",
 			s.mark.Seconds(), s.span.Seconds(), s.completed, s.enqueued, s.other, s.enqErrs, fmtMS(s.lag), fmtMS(s.claim.p50), fmtMS(s.claim.p99), fmtMS(s.claim.max), fmtMS(s.start.p50), fmtMS(s.start.p99),
 			s.db.available, s.db.running, s.db.heap, s.db.indexTotal(), s.db.total, s.db.history, s.db.dead, s.db.live, s.db.vacuums, s.db.autovacuums, s.db.analyzes, s.db.autoanlz,
-			pid, age, app, s.oldTxWarns, s.otherWarns, s.load1, s.db.otherActive, fmtMS(s.db.dur), fmtMS(s.statsDur), errs)
+			pid, age, app, s.oldTxWarns, s.otherWarns, s.load1, s.cpuBusy, s.db.otherActive, fmtMS(s.db.longest), s.db.longestQuery, fmtMS(s.db.dur), fmtMS(s.statsDur), errs)
 		for i := range r.indexNames {
 			v := int64(0)
 			if i < len(s.db.idx) {
@@ -446,6 +480,14 @@ func samplesCSV(r *phaseResult) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+func maxDur(ss []sample, f func(sample) time.Duration) time.Duration {
+	var m time.Duration
+	for _, s := range ss {
+		m = max(m, f(s))
+	}
+	return m
 }
 
 func maxOf(ss []sample, f func(sample) int64) int64 {
