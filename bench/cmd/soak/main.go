@@ -147,6 +147,7 @@ func run(cfg *config) error {
 		}
 	}
 	info.serverAV.restore(ctx) // before the report, which says how it went
+	info.vacuumText = describeVacuum(info, cfg)
 	info.loadEnd = loadavg()
 
 	report := render(cfg, info, results)

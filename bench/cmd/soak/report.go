@@ -60,7 +60,7 @@ func render(cfg *config, info *runInfo, results []*phaseResult) string {
 	for _, kv := range info.settings {
 		s = append(s, kv[0]+"="+kv[1])
 	}
-	fmt.Fprintf(&b, "- Settings: %s\n", strings.Join(s, ", "))
+	fmt.Fprintf(&b, "- Settings (at the start): %s\n", strings.Join(s, ", "))
 	if info.ownDB {
 		fmt.Fprintf(&b, "- Database: %q, created for this run and dropped after it (the oldest-transaction reading is per database, so other databases' sessions stay out of it)\n", info.dbName)
 	} else {
