@@ -247,6 +247,21 @@ func renderOldTx(b *strings.Builder, cfg *config, r *phaseResult) {
 		fmt.Fprintf(b, "- Stats().OldestTransaction named the emulation's VACUUM session at %d of %d samples (up to %s old). A lazy VACUUM's xmin does not hold back what other sessions may clean up (PostgreSQL skips backends flagged PROC_IN_VACUUM), but the queue's check (pg_stat_activity.backend_xmin, leaving out autovacuum workers only) counts it: a manual VACUUM running longer than %s would be warned about as an old transaction.\n",
 			vacN, len(r.samples), fmtDur(vacAge.Round(time.Second)), fmtDur(backlog.OldTransactionWarning))
 	}
+	var idleN int
+	var idleAge time.Duration
+	var idleWho string
+	for _, s := range r.samples {
+		if s.oldest != nil && s.oldest.Kind == "session" && s.oldest.State == "idle" {
+			idleN++
+			if s.oldest.Age > idleAge {
+				idleAge, idleWho = s.oldest.Age, fmt.Sprintf("pid %d, application %q, at %s", s.oldest.PID, s.oldest.Application, fmtOffset(s.mark))
+			}
+		}
+	}
+	if idleN > 0 {
+		fmt.Fprintf(b, "- Stats().OldestTransaction named a session in state \"idle\" (in no transaction block) at %d of %d samples, up to %s old (%s). Such a row is transient: an idle LISTEN session that reads incoming notifications takes a snapshot (backend_xmin) while pg_stat_activity.xact_start still shows the start of its last statement, so the age is the time since that statement (seen outside the soak too, with a LISTEN session under a NOTIFY loop); the queue's check does not leave out idle sessions.\n",
+			idleN, len(r.samples), fmtDur(idleAge.Round(time.Second)), idleWho)
+	}
 	var longest sample
 	for _, s := range r.samples {
 		if s.db.longest > longest.db.longest {
