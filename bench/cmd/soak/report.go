@@ -106,6 +106,8 @@ func renderPhase(b *strings.Builder, cfg *config, r *phaseResult) {
 			passFail(fc.pass), fmtInt(fc.first), fmtDur(w), fmtInt(fc.last), fmtDur(w), fmtOffset(d-w), fmtOffset(d), fc.ratio, flatTolerance*100, fmtInt(fc.firstEnq), fmtInt(fc.lastEnq),
 			fmtInt(float64(maxOf(first, func(s sample) int64 { return s.db.available }))), fmtInt(float64(maxOf(last, func(s sample) int64 { return s.db.available }))),
 			fmtDur(cfg.every), fmtMS(maxDur(first, func(s sample) time.Duration { return s.claim.p99 })), fmtMS(maxDur(last, func(s sample) time.Duration { return s.claim.p99 })))
+		fmt.Fprintf(b, "- The machine in the two windows: CPUs %s and %s busy (everyone's use); statements of other databases running at %d and %d of their samples. A busy machine moves these numbers as much as the queue does.\n",
+			cpuText(first), cpuText(last), countOf(first, func(s sample) bool { return s.db.otherActive > 0 }), countOf(last, func(s sample) bool { return s.db.otherActive > 0 }))
 	} else if fc.first == 0 {
 		fmt.Fprintf(b, "- Throughput flat: no verdict (no job completed in the first %s).\n", fmtDur(w))
 	} else {
@@ -432,21 +434,12 @@ func renderMinutes(b *strings.Builder, cfg *config, r *phaseResult) {
 		vac := last.db.vacuums + last.db.autovacuums
 		var oldest time.Duration
 		oldestApp := ""
-		var cpu float64
-		var cpuN, other int
+		var other int
 		for _, s := range ss {
 			if s.oldest != nil && s.oldest.Age >= oldest {
 				oldest, oldestApp = s.oldest.Age, s.oldest.Application
 			}
-			if s.cpuBusy >= 0 {
-				cpu += s.cpuBusy
-				cpuN++
-			}
 			other = max(other, s.db.otherActive)
-		}
-		cpuText := "?"
-		if cpuN > 0 {
-			cpuText = fmt.Sprintf("%.0f %%", cpu/float64(cpuN)*100)
 		}
 		oldestText := "–"
 		if oldestApp != "" || oldest > 0 {
@@ -461,7 +454,7 @@ func renderMinutes(b *strings.Builder, cfg *config, r *phaseResult) {
 			label, fmtInt(done), fmtInt(enq), fmtInt(float64(maxOf(ss, func(s sample) int64 { return s.db.available }))),
 			fmtMS(l.claim.p50), fmtMS(l.claim.p99), fmtMS(l.start.p99),
 			float64(last.db.heap)/1e6, float64(last.db.indexTotal())/1e6, fmtInt(float64(maxOf(ss, func(s sample) int64 { return s.db.dead }))),
-			vac-prevVac, oldestText, last.oldTxWarns-prevWarn, cpuText, other)
+			vac-prevVac, oldestText, last.oldTxWarns-prevWarn, cpuText(ss), other)
 		prevVac, prevWarn = vac, last.oldTxWarns
 	}
 	b.WriteString("\nSizes are at the minute's last sample; vacuums = VACUUMs of jobs that finished in the minute (vacuum_count + autovacuum_count); oldest xact = the oldest Stats().OldestTransaction age in the minute's samples and its session's application; machine CPU busy = all CPUs of the machine (/proc/stat), whoever used them; other DBs' statements = statements running in other databases of the server at a sample (shared machine).\n")
@@ -495,6 +488,32 @@ func samplesCSV(r *phaseResult) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// cpuText is the mean busy share of the machine's CPUs over samples.
+func cpuText(ss []sample) string {
+	var sum float64
+	n := 0
+	for _, s := range ss {
+		if s.cpuBusy >= 0 {
+			sum += s.cpuBusy
+			n++
+		}
+	}
+	if n == 0 {
+		return "?"
+	}
+	return fmt.Sprintf("%.0f %%", sum/float64(n)*100)
+}
+
+func countOf(ss []sample, f func(sample) bool) int {
+	n := 0
+	for _, s := range ss {
+		if f(s) {
+			n++
+		}
+	}
+	return n
 }
 
 func maxDur(ss []sample, f func(sample) time.Duration) time.Duration {
