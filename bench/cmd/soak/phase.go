@@ -109,7 +109,7 @@ type sample struct {
 	lag                 time.Duration
 	claim, start        latStat
 	db                  dbSample
-	oldest              *backlog.OldTransaction // the observer queue's Stats().OldestTransaction
+	oldest              *backlog.OldTransaction // the queue's Stats().OldestTransaction
 	statsDur            time.Duration
 	statsErr            string
 	oldTxWarns          int // cumulative
@@ -158,7 +158,6 @@ type phaseResult struct {
 	holdInfo   holdInfo
 	logs       []logEntry
 	infos      map[string]int
-	ownStats   []statsCall
 	final      statsCall
 	vacRuns    []vacuumRun
 	vacErrs    []string
@@ -178,9 +177,7 @@ type phaseResult struct {
 func runPhase(ctx context.Context, e *env, cfg *config, name string, emulate *avSettings) (*phaseResult, error) {
 	res := &phaseResult{name: name, hold: name == "hold", planned: cfg.duration,
 		schema: fmt.Sprintf("soak_%s_%d", name, os.Getpid()), outcomes: map[backlog.Outcome]int64{}}
-	obsSchema := res.schema + "_obs"
 	defer e.dropSchema(ctx, res.schema)
-	defer e.dropSchema(ctx, obsSchema)
 
 	cnt := &counters{outcomes: map[backlog.Outcome]int64{}}
 	capture := newLogCapture()
@@ -218,25 +215,6 @@ func runPhase(ctx context.Context, e *env, cfg *config, name string, emulate *av
 	if err := q.Migrate(ctx); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	// The observer: a second Queue in an empty schema of the same
-	// database. Its Stats().OldestTransaction is the same database-wide
-	// reading as the soak queue's, but its counts read empty tables, so
-	// asking every sample costs nothing (the soak queue's Stats reads every
-	// finished job: seconds after millions of them).
-	obsPool, err := e.newPool(ctx, "backlog-soak-observer", 2)
-	if err != nil {
-		return nil, err
-	}
-	defer obsPool.Close()
-	obs, err := backlog.New(ctx, obsPool, backlog.WithSchema(obsSchema), backlog.WithLogger(slog.New(slog.DiscardHandler)))
-	if err != nil {
-		return nil, err
-	}
-	defer obs.Close()
-	if err := obs.Migrate(ctx); err != nil {
-		return nil, fmt.Errorf("migrate the observer: %w", err)
-	}
-
 	mon, err := e.connect(ctx, "backlog-soak-monitor")
 	if err != nil {
 		return nil, err
@@ -303,15 +281,8 @@ func runPhase(ctx context.Context, e *env, cfg *config, name string, emulate *av
 			holdMu.Unlock()
 		})
 	}
-	holdPID := func() int {
-		holdMu.Lock()
-		defer holdMu.Unlock()
-		return res.holdInfo.pid
-	}
 
 	// Sample.
-	var ownMu sync.Mutex
-	ownAsked := false
 	var minuteClaim, minuteStart []time.Duration
 	prev, cpuPrev := start, readCPU()
 	var prevEnq, prevDone, prevOther, prevErrs int64
@@ -341,8 +312,12 @@ func runPhase(ctx context.Context, e *env, cfg *config, name string, emulate *av
 		minuteClaim, minuteStart = append(minuteClaim, claim...), append(minuteStart, started...)
 		s.claim, s.start = summarize(claim), summarize(started)
 		s.db = read(ctx)
+		// The queue's own Stats, as an operator's dashboard would call it
+		// (live counts from jobs, finished ones from its counters).
 		t0 := time.Now()
-		st, err := obs.Stats(ctx)
+		sctx, cancel := context.WithTimeout(ctx, cfg.every)
+		st, err := q.Stats(sctx)
+		cancel()
 		s.statsDur = time.Since(t0)
 		if err != nil {
 			s.statsErr = err.Error()
@@ -362,18 +337,6 @@ func runPhase(ctx context.Context, e *env, cfg *config, name string, emulate *av
 		if k%6 == 0 || k == 1 {
 			logf("%s %s: %.0f completed/s, %.0f enqueued/s, %d available, jobs %s + indexes %s, dead rows %d, claim p99 %s, oldest xact %s",
 				name, fmtOffset(s.mark), s.rate(), s.enqRate(), s.db.available, fmtMB(s.db.heap), fmtMB(s.db.indexTotal()), s.db.dead, fmtMS(s.claim.p99), oldestText(s.oldest))
-		}
-		// Once the held transaction is older than the warning age, ask
-		// the soak queue's own Stats too (once: it reads every finished
-		// job).
-		if pid := holdPID(); pid != 0 && !ownAsked && s.oldest != nil && s.oldest.PID == pid && s.oldest.Age >= backlog.OldTransactionWarning {
-			ownAsked = true
-			bg.Go(func() {
-				c := ownStats(bgCtx, q, start)
-				ownMu.Lock()
-				res.ownStats = append(res.ownStats, c)
-				ownMu.Unlock()
-			})
 		}
 	}
 	if len(res.samples) > 0 && (len(minuteClaim) > 0 || len(minuteStart) > 0) {

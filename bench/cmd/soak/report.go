@@ -74,7 +74,7 @@ func render(cfg *config, info *runInfo, results []*phaseResult) string {
 	fmt.Fprintf(&b, "- Sampled every %s: completed jobs (the Finished hook, outcome completed: the handler returned and the outcome is on its way to the database), enqueued jobs (EnqueueMany returned), "+
 		"queue depth (`count(*)` of available rows in jobs), sizes (pg_relation_size of jobs and of each index, pg_total_relation_size), n_dead_tup and vacuum counts of jobs (pg_stat_user_tables), "+
 		"claim latency (the Finished hook's QueueLatency: run_at → claim on the database clock), enqueue→start latency (the producer's clock before EnqueueMany → the Started hook), "+
-		"the oldest transaction (`Stats().OldestTransaction` of an observer Queue in an empty schema of the same database: the same database-wide reading as the soak queue's Stats, which is asked too, once during the hold and once at the end, because it counts every finished job), "+
+		"the oldest transaction (the queue's own `Stats().OldestTransaction`; the time each Stats call took is recorded), "+
 		"and the queue's log (a slog handler counting warnings; the old-transaction warning is %q…).\n", cfg.every, oldTxMessage)
 	for _, n := range info.notes {
 		fmt.Fprintf(&b, "- Note: %s\n", n)
@@ -119,8 +119,8 @@ func renderPhase(b *strings.Builder, cfg *config, r *phaseResult) {
 	if r.final.err != nil {
 		fmt.Fprintf(b, "- The soak queue's Stats at the end failed: %v\n", r.final.err)
 	} else if r.final.dur > 0 {
-		fmt.Fprintf(b, "- The soak queue's own Stats at the end: %s completed jobs in job_history (the hook counted %s); the call took %s (it counts every finished job).\n",
-			fmtInt(float64(r.final.completed)), fmtInt(float64(r.completed)), fmtDur(r.final.dur.Round(time.Millisecond)))
+		fmt.Fprintf(b, "- The queue's Stats at the end: %s completed jobs (its counters of finished jobs; the hook counted %s).\n",
+			fmtInt(float64(r.final.completed)), fmtInt(float64(r.completed)))
 	}
 	if r.workErr != nil {
 		fmt.Fprintf(b, "- Work returned an error: %v\n", r.workErr)
@@ -264,6 +264,22 @@ func renderOldTx(b *strings.Builder, cfg *config, r *phaseResult) {
 		fmt.Fprintf(b, "- Stats().OldestTransaction named a session in state \"idle\" (in no transaction block) at %d of %d samples, up to %s old (%s). Such a row is transient: an idle LISTEN session that reads incoming notifications takes a snapshot (backend_xmin) while pg_stat_activity.xact_start still shows the start of its last statement, so the age is the time since that statement (seen outside the soak too, with a LISTEN session under a NOTIFY loop); the queue's check does not leave out idle sessions.\n",
 			idleN, len(r.samples), fmtDur(idleAge.Round(time.Second)), idleWho)
 	}
+	if len(r.samples) > 0 {
+		durs := make([]time.Duration, 0, len(r.samples))
+		errs := 0
+		for _, s := range r.samples {
+			durs = append(durs, s.statsDur)
+			if s.statsErr != "" {
+				errs++
+			}
+		}
+		st := summarize(durs)
+		fmt.Fprintf(b, "- Stats calls (one a sample): median %s ms, at most %s ms", fmtMS(st.p50), fmtMS(st.max))
+		if errs > 0 {
+			fmt.Fprintf(b, "; %d failed (the CSV has the errors)", errs)
+		}
+		b.WriteString(".\n")
+	}
 	var longest sample
 	for _, s := range r.samples {
 		if s.db.longest > longest.db.longest {
@@ -372,17 +388,6 @@ func renderHold(b *strings.Builder, cfg *config, r *phaseResult) {
 		b.WriteString(".\n")
 	} else {
 		fmt.Fprintf(b, "- **Stats().OldestTransaction** never named it.\n")
-	}
-	for _, c := range r.ownStats {
-		if c.err != nil {
-			fmt.Fprintf(b, "- The soak queue's own Stats at %s failed: %v\n", fmtOffset(c.at), c.err)
-			continue
-		}
-		what := "no open transaction"
-		if c.oldest != nil {
-			what = fmt.Sprintf("pid %d, age %s, state %q, application %q", c.oldest.PID, fmtDur(c.oldest.Age.Round(time.Second)), c.oldest.State, c.oldest.Application)
-		}
-		fmt.Fprintf(b, "- The soak queue's own Stats at %s (took %s): OldestTransaction = %s.\n", fmtOffset(c.at), fmtDur(c.dur.Round(time.Millisecond)), what)
 	}
 }
 
