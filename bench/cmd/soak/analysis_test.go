@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/csv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -92,6 +94,32 @@ func TestParseFlags(t *testing.T) {
 	for _, bad := range [][]string{{"-hold", "5m"}, {"-hold", "25m+10m"}, {"-autovacuum", "maybe"}, {"-every", "7s"}, {"-window", "20m"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("%v: no error", bad)
+		}
+	}
+}
+
+func TestSamplesCSV(t *testing.T) {
+	s := series([]float64{5000}, nil)[0]
+	s.db.longestQuery = "SELECT * FROM \"x\".\"claim\"($1::text[],\n $2)"
+	s.db.idx = []int64{8192, 16384}
+	r := &phaseResult{indexNames: []string{"a_idx", "b_idx"}, samples: []sample{s}}
+	recs, err := csv.NewReader(strings.NewReader(samplesCSV(r))).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 || len(recs[0]) != len(recs[1]) {
+		t.Fatalf("got %d records: %q", len(recs), recs)
+	}
+	for i, h := range recs[0] {
+		switch h {
+		case "longest_stmt":
+			if recs[1][i] != s.db.longestQuery {
+				t.Errorf("longest_stmt = %q", recs[1][i])
+			}
+		case "b_idx_bytes":
+			if recs[1][i] != "16384" {
+				t.Errorf("b_idx_bytes = %q", recs[1][i])
+			}
 		}
 	}
 }

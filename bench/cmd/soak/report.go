@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/csv"
 	"fmt"
 	"log/slog"
 	"math"
@@ -468,30 +469,37 @@ func renderMinutes(b *strings.Builder, cfg *config, r *phaseResult) {
 // samplesCSV is every sample of a phase, one line each.
 func samplesCSV(r *phaseResult) string {
 	var b strings.Builder
-	b.WriteString("mark_s,span_s,completed,enqueued,other_outcomes,enqueue_errors,producer_lag_ms,claim_p50_ms,claim_p99_ms,claim_max_ms,start_p50_ms,start_p99_ms,available,running,jobs_table_bytes,jobs_indexes_bytes,jobs_total_bytes,history_bytes,n_dead_tup,n_live_tup,vacuum_count,autovacuum_count,analyze_count,autoanalyze_count,oldest_pid,oldest_age_s,oldest_application,old_tx_warnings,other_warnings,load1,cpu_busy,other_db_active,longest_stmt_ms,longest_stmt,monitor_ms,stats_ms,errors")
+	w := csv.NewWriter(&b)
+	head := strings.Split("mark_s,span_s,completed,enqueued,other_outcomes,enqueue_errors,producer_lag_ms,claim_p50_ms,claim_p99_ms,claim_max_ms,start_p50_ms,start_p99_ms,available,running,jobs_table_bytes,jobs_indexes_bytes,jobs_total_bytes,history_bytes,n_dead_tup,n_live_tup,vacuum_count,autovacuum_count,analyze_count,autoanalyze_count,oldest_pid,oldest_age_s,oldest_state,oldest_application,old_tx_warnings,other_warnings,load1,cpu_busy,other_db_active,longest_stmt_ms,longest_stmt,monitor_ms,stats_ms,errors", ",")
 	for _, n := range r.indexNames {
-		b.WriteString("," + n + "_bytes")
+		head = append(head, n+"_bytes")
 	}
-	b.WriteString("\n")
+	_ = w.Write(head)
+	i64 := func(v int64) string { return strconv.FormatInt(v, 10) }
 	for _, s := range r.samples {
-		pid, age, app := 0, 0.0, ""
+		pid, age, state, app := 0, 0.0, "", ""
 		if s.oldest != nil {
-			pid, age, app = s.oldest.PID, s.oldest.Age.Seconds(), s.oldest.Application
+			pid, age, state, app = s.oldest.PID, s.oldest.Age.Seconds(), s.oldest.State, s.oldest.Application
 		}
-		errs := strings.TrimSpace(s.db.err + " " + s.statsErr)
-		fmt.Fprintf(&b, "%.0f,%.3f,%d,%d,%d,%d,%s,%s,%s,%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%.1f,%q,%d,%d,%.2f,%.3f,%d,%s,%q,%s,%s,%q",
-			s.mark.Seconds(), s.span.Seconds(), s.completed, s.enqueued, s.other, s.enqErrs, fmtMS(s.lag), fmtMS(s.claim.p50), fmtMS(s.claim.p99), fmtMS(s.claim.max), fmtMS(s.start.p50), fmtMS(s.start.p99),
-			s.db.available, s.db.running, s.db.heap, s.db.indexTotal(), s.db.total, s.db.history, s.db.dead, s.db.live, s.db.vacuums, s.db.autovacuums, s.db.analyzes, s.db.autoanlz,
-			pid, age, app, s.oldTxWarns, s.otherWarns, s.load1, s.cpuBusy, s.db.otherActive, fmtMS(s.db.longest), s.db.longestQuery, fmtMS(s.db.dur), fmtMS(s.statsDur), errs)
+		rec := []string{
+			fmt.Sprintf("%.0f", s.mark.Seconds()), fmt.Sprintf("%.3f", s.span.Seconds()), i64(s.completed), i64(s.enqueued), i64(s.other), i64(s.enqErrs),
+			fmtMS(s.lag), fmtMS(s.claim.p50), fmtMS(s.claim.p99), fmtMS(s.claim.max), fmtMS(s.start.p50), fmtMS(s.start.p99),
+			i64(s.db.available), i64(s.db.running), i64(s.db.heap), i64(s.db.indexTotal()), i64(s.db.total), i64(s.db.history),
+			i64(s.db.dead), i64(s.db.live), i64(s.db.vacuums), i64(s.db.autovacuums), i64(s.db.analyzes), i64(s.db.autoanlz),
+			strconv.Itoa(pid), fmt.Sprintf("%.1f", age), state, app, strconv.Itoa(s.oldTxWarns), strconv.Itoa(s.otherWarns),
+			fmt.Sprintf("%.2f", s.load1), fmt.Sprintf("%.3f", s.cpuBusy), strconv.Itoa(s.db.otherActive),
+			fmtMS(s.db.longest), s.db.longestQuery, fmtMS(s.db.dur), fmtMS(s.statsDur), strings.TrimSpace(s.db.err + " " + s.statsErr),
+		}
 		for i := range r.indexNames {
 			v := int64(0)
 			if i < len(s.db.idx) {
 				v = s.db.idx[i]
 			}
-			fmt.Fprintf(&b, ",%d", v)
+			rec = append(rec, i64(v))
 		}
-		b.WriteString("\n")
+		_ = w.Write(rec)
 	}
+	w.Flush()
 	return b.String()
 }
 
