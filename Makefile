@@ -7,7 +7,7 @@
 GO ?= go
 export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 
-.PHONY: test test-short lint demo bench bench-quick measure test-faults
+.PHONY: test test-short lint demo bench bench-quick soak measure test-faults
 
 test: lint
 	scripts/with-db.sh $(GO) test -race -count=1 -timeout 8m ./...
@@ -33,6 +33,15 @@ bench:
 
 bench-quick:
 	cd bench && ../scripts/with-db.sh $(GO) run ./cmd/bench -quick
+
+# Soak (bench/cmd/soak): backlog at 5,000 jobs/s for 30 minutes, then again with
+# a REPEATABLE READ transaction held from minute 12 to 17 (about 62 minutes in
+# all). Writes bench/results/soak.md. Flags through SOAK_FLAGS, e.g.
+#   make soak SOAK_FLAGS=-quick                 (5-minute phases, about 11 minutes)
+#   make soak SOAK_FLAGS='-phases hold'
+# Not part of make test.
+soak:
+	cd bench && ../scripts/with-db.sh $(GO) run ./cmd/soak $(SOAK_FLAGS)
 
 # Measurements (not tests): a periodic tick, a cleaner pass, Stats and Job
 # with 1M finished jobs; enqueue throughput with and without NOTIFY; a
