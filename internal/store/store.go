@@ -67,6 +67,8 @@ type Store struct {
 	graph graphSQL
 	maint maintSQL
 	hist  historySQL
+	procs procSQL
+	sched schedSQL
 }
 
 // ChannelName is the NOTIFY channel used for a schema.
@@ -84,6 +86,8 @@ func New(pool *pgxpool.Pool, schema string) *Store {
 	s.buildGraph()
 	s.buildMaintenance()
 	s.buildHistory()
+	s.buildProcesses() // after buildFinish: it extends the lease renewal
+	s.buildSchedules()
 	return s
 }
 

@@ -72,6 +72,8 @@ func TestStatementsPrepare(t *testing.T) {
 	check(reflect.ValueOf(s.graph), "graph.")
 	check(reflect.ValueOf(s.maint), "maint.")
 	check(reflect.ValueOf(s.hist), "hist.")
+	check(reflect.ValueOf(s.procs), "procs.")
+	check(reflect.ValueOf(s.sched), "sched.")
 	require.Greater(t, n, 40)
 }
 
