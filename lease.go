@@ -163,8 +163,8 @@ func (l *leases) cancel(id uuid.UUID) {
 //
 // The heartbeat also keeps the process's row in the processes table
 // fresh: the first renewal statement carries it, and when there is none
-// (no lease held) or it could not (see renew), the row is written alone
-// afterwards: one statement a beat, unless a statement fails.
+// (no lease held) or it missed the row (see renew), the row is written
+// alone afterwards: one statement a beat, unless one fails.
 func (l *leases) heartbeat(ctx context.Context) bool {
 	l.mu.Lock()
 	leased := len(l.held)
@@ -234,8 +234,8 @@ func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *procBeat) (bo
 	if beat != nil {
 		var wrote bool
 		alive, wrote, err = l.store.ExtendBeat(ctx, ids, tokens, l.duration, beat.row)
-		if wrote {
-			l.procs.wrote(beat)
+		if err == nil || (ctx.Err() == nil && !pgerr.Transient(err)) {
+			l.procs.carried(beat, wrote)
 		}
 		if err != nil && ctx.Err() == nil && !pgerr.Transient(err) {
 			sentAt = time.Now()

@@ -122,7 +122,10 @@ type registry struct {
 	joined  bool      // a Work call started: the row should exist
 	gen     uint64    // bumped by every change of works
 	written uint64    // gen of the last row written
-	at      time.Time // when it was last written
+	tried   time.Time // when a write was last attempted
+	// missed: the last write reached the database but found no row of
+	// ours to refresh; write it whole at once.
+	missed bool
 	// foreign: another live process holds the worker ID (warned once).
 	foreign bool
 }
@@ -189,18 +192,21 @@ type procBeat struct {
 	gen uint64
 }
 
-// due returns the row to write with this heartbeat, or nil when it is not
-// due: no Work call ever started, or it was written less than a heartbeat
-// ago and nothing changed since. leased is how many leases the process
-// holds.
+// due returns the row to write now, or nil when no write is due: none is
+// until a Work call starts; then one a heartbeat, one when Work calls come
+// or go, and one right after a write that found no row to refresh. A
+// write that failed is tried again at the next heartbeat, not sooner, so
+// that an unreachable database never holds the heartbeat up more than
+// once a beat. leased is how many leases the process holds.
 func (r *registry) due(leased int) *procBeat {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	// A little under the interval, so that the heartbeat's own timer
 	// always finds it due.
-	if !r.joined || (r.written == r.gen && time.Since(r.at) < r.every*9/10) {
+	if !r.joined || (r.written == r.gen && !r.missed && time.Since(r.tried) < r.every*9/10) {
 		return nil
 	}
+	r.tried, r.missed = time.Now(), false
 	works := make([]workRow, len(r.works))
 	running := 0
 	for i, w := range r.works {
@@ -217,17 +223,24 @@ func (r *registry) due(leased int) *procBeat {
 	return b
 }
 
-// wrote records that b was written.
-func (r *registry) wrote(b *procBeat) {
+// carried records what a lease renewal that carried b did with it:
+// wrote the row, or found none of ours to refresh (or failed for a reason
+// that may be the row's): then the row is written alone at once.
+func (r *registry) carried(b *procBeat, wrote bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.written, r.at = b.gen, time.Now()
+	if wrote {
+		r.written = b.gen
+	} else {
+		r.missed = true
+	}
 }
 
-// write writes the row alone, if it is due: its first write, a change of
-// Work calls, or a heartbeat that could not carry it. It gives up after a
-// tenth of a lease, so that it never holds up the renewal of leases (the
-// next heartbeat tries again).
+// write writes the row alone, if it is due (see due): the first write,
+// a change of Work calls, a heartbeat that held no lease to carry it, or
+// one whose renewal missed it. It gives up after a tenth of a lease, so
+// that it never holds up the renewal of leases for long (the next
+// heartbeat tries again).
 func (r *registry) write(ctx context.Context, leased int) {
 	b := r.due(leased)
 	if b == nil {
@@ -235,17 +248,13 @@ func (r *registry) write(ctx context.Context, leased int) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(r.every*3/10, 100*time.Millisecond))
 	defer cancel()
-	r.mu.Lock()
-	started := r.row.StartedAt
-	r.mu.Unlock()
 	ok, err := false, error(nil)
-	if started != nil {
+	if b.row.StartedAt != nil {
 		ok, err = r.store.Beat(ctx, b.row)
 	}
 	if err == nil && !ok {
 		// Not written yet, or the row is gone (cleaned as dead after a
 		// stall), held by another transaction, or another process's.
-		b.row.StartedAt = started
 		var at time.Time
 		at, ok, err = r.store.Register(ctx, b.row)
 		r.mu.Lock()
@@ -261,7 +270,9 @@ func (r *registry) write(ctx context.Context, leased int) {
 	}
 	switch {
 	case ok:
-		r.wrote(b)
+		r.mu.Lock()
+		r.written = b.gen
+		r.mu.Unlock()
 	case err != nil && ctx.Err() == nil && !pgerr.Transient(err):
 		r.log.Warn("backlog: writing this process's row in the processes table failed", "worker", r.row.Worker, "err", err)
 	case err != nil:

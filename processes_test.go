@@ -101,6 +101,17 @@ func TestProcessesListsWorkCalls(t *testing.T) {
 	require.Equal(t, []backlog.WorkInfo{{Types: []string{"proc.d"}, Concurrency: 2, Prefetch: backlog.DefaultPrefetch}}, p2.Works)
 	require.Equal(t, 0, p2.Running)
 
+	// A row deleted under a busy process (as the cleaner would after a
+	// stall longer than three leases) is written again by its next
+	// heartbeat, with the same start time.
+	_, err := e.pool.Exec(ctx, `DELETE FROM "`+e.schema+`".processes WHERE worker = 'proc-1'`)
+	require.NoError(t, err)
+	ps = waitProcesses(t, e.q, 10*time.Second, "proc-1 back", func(ps []backlog.ProcessInfo) bool {
+		return process(ps, "proc-1") != nil
+	})
+	require.True(t, process(ps, "proc-1").StartedAt.Equal(p1.StartedAt))
+	require.Equal(t, 2, process(ps, "proc-1").Running)
+
 	// A Work call that returns leaves the row at once (no heartbeat needed).
 	require.NoError(t, stopC())
 	ps = waitProcesses(t, e.q, 5*time.Second, "proc.c gone", func(ps []backlog.ProcessInfo) bool {
@@ -120,7 +131,7 @@ func TestProcessesListsWorkCalls(t *testing.T) {
 
 	// Close removes the row before it returns.
 	require.NoError(t, q2.Close())
-	ps, err := e.q.Processes(ctx)
+	ps, err = e.q.Processes(ctx)
 	require.NoError(t, err)
 	require.Len(t, ps, 1)
 	require.Equal(t, "proc-1", ps[0].WorkerID)
