@@ -219,9 +219,11 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 
 // renew runs one renewal statement for ls and applies its answer. It
 // reports whether every lease was renewed (none busy). With beat, the
-// statement also writes the process's row; when it fails for a reason
-// that is not transient, the renewal runs again without the row, so that
-// the process's row can never cost a job its lease.
+// statement also writes the process's row. The row must never cost a job
+// its lease: when that statement fails for a reason that is not
+// transient, a batch of leases is split and renewed by statements without
+// the row (the caller's isolate.Writer does that), and a single lease is
+// renewed again here, without it.
 func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *procBeat) (bool, error) {
 	ids := make([]uuid.UUID, len(ls))
 	tokens := make([]uuid.UUID, len(ls))
@@ -237,7 +239,7 @@ func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *procBeat) (bo
 		if err == nil || (ctx.Err() == nil && !pgerr.Transient(err)) {
 			l.procs.carried(beat, wrote)
 		}
-		if err != nil && ctx.Err() == nil && !pgerr.Transient(err) {
+		if err != nil && len(ls) == 1 && ctx.Err() == nil && !pgerr.Transient(err) {
 			sentAt = time.Now()
 			alive, err = l.store.Extend(ctx, ids, tokens, l.duration)
 		}
