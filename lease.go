@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/backlogq/backlog/internal/isolate"
+	"github.com/backlogq/backlog/internal/pgerr"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -48,6 +49,9 @@ type leases struct {
 	duration time.Duration
 	margin   time.Duration // cancel this long before the lease could expire
 	run      runner
+	// procs is this process's row in the processes table, which the
+	// heartbeat keeps fresh (see heartbeat). Set before the service starts.
+	procs *registry
 
 	mu   sync.Mutex
 	held map[uuid.UUID]*heldLease
@@ -156,8 +160,14 @@ func (l *leases) cancel(id uuid.UUID) {
 // leases past their local deadline are then lost, so a worker cut off from
 // the database stops its handlers before another worker could be given the
 // same attempt.
+//
+// The heartbeat also keeps the process's row in the processes table
+// fresh: the first renewal statement carries it, and when there is none
+// (no lease held) or it missed the row (see renew), the row is written
+// alone afterwards: one statement a beat, unless one fails.
 func (l *leases) heartbeat(ctx context.Context) bool {
 	l.mu.Lock()
+	leased := len(l.held)
 	todo := make([]*heldLease, 0, len(l.held))
 	stop := time.Now().Add(l.duration / 3)
 	for _, le := range l.held {
@@ -176,9 +186,12 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 		// below must not wait for a statement that cannot reach the
 		// database.
 		cctx, cancel := context.WithDeadline(ctx, stop)
+		beat := l.procs.due(leased)
 		w := isolate.Writer[*heldLease]{
 			Write: func(ctx context.Context, ls []*heldLease) error {
-				renewedAll, err := l.renew(ctx, ls)
+				b := beat
+				beat = nil // only the first statement carries the process's row
+				renewedAll, err := l.renew(ctx, ls, b)
 				ok = ok && renewedAll
 				return err
 			},
@@ -200,19 +213,39 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 		cancel()
 	}
 	l.expire(time.Now())
+	l.procs.write(ctx, leased) // unless the renewal wrote it
 	return ok
 }
 
 // renew runs one renewal statement for ls and applies its answer. It
-// reports whether every lease was renewed (none busy).
-func (l *leases) renew(ctx context.Context, ls []*heldLease) (bool, error) {
+// reports whether every lease was renewed (none busy). With beat, the
+// statement also writes the process's row. The row must never cost a job
+// its lease: when that statement fails for a reason that is not
+// transient, a batch of leases is split and renewed by statements without
+// the row (the caller's isolate.Writer does that), and a single lease is
+// renewed again here, without it.
+func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *procBeat) (bool, error) {
 	ids := make([]uuid.UUID, len(ls))
 	tokens := make([]uuid.UUID, len(ls))
 	for i, le := range ls {
 		ids[i], tokens[i] = le.id, le.token
 	}
 	sentAt := time.Now()
-	alive, err := l.store.Extend(ctx, ids, tokens, l.duration)
+	var alive []store.Extended
+	var err error
+	if beat != nil {
+		var wrote bool
+		alive, wrote, err = l.store.ExtendBeat(ctx, ids, tokens, l.duration, beat.row)
+		if err == nil || (ctx.Err() == nil && !pgerr.Transient(err)) {
+			l.procs.carried(beat, wrote)
+		}
+		if err != nil && len(ls) == 1 && ctx.Err() == nil && !pgerr.Transient(err) {
+			sentAt = time.Now()
+			alive, err = l.store.Extend(ctx, ids, tokens, l.duration)
+		}
+	} else {
+		alive, err = l.store.Extend(ctx, ids, tokens, l.duration)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -243,6 +276,13 @@ func (l *leases) renew(ctx context.Context, ls []*heldLease) (bool, error) {
 	return all, nil
 }
 
+// count returns how many leases the process holds.
+func (l *leases) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.held)
+}
+
 // expire loses every lease whose local deadline has passed.
 func (l *leases) expire(now time.Time) {
 	l.mu.Lock()
@@ -259,7 +299,8 @@ func (l *leases) expire(now time.Time) {
 
 // loop renews leases every duration/3 until ctx ends; after a renewal that
 // failed or left a lease busy it tries again every duration/30, so that
-// local deadlines are checked often and a busy row is renewed soon.
+// local deadlines are checked often and a busy row is renewed soon. When
+// Work calls start or return, it writes the process's row at once.
 func (l *leases) loop(ctx context.Context) {
 	every, retry := l.duration/3, max(l.duration/30, 10*time.Millisecond)
 	t := time.NewTimer(every)
@@ -268,6 +309,9 @@ func (l *leases) loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-l.procs.kick: // Work calls came or went
+			l.procs.write(ctx, l.count())
+			continue
 		case <-t.C:
 		}
 		if l.heartbeat(ctx) {

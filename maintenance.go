@@ -50,7 +50,8 @@ const (
 //     into job_history, soon after such a write (retireSoon) and on every
 //     sweep.
 //   - The cleaner drops expired job_history partitions, creates the ones
-//     needed ahead, and trims periodic_runs, every clean interval.
+//     needed ahead, trims periodic_runs and deletes the rows of dead
+//     processes, every clean interval.
 //
 // Intervals are jittered by ±20 % so that processes do not run in step.
 type maintenance struct {
@@ -328,6 +329,7 @@ type CleanResult struct {
 	Partitions    int // expired job_history partitions dropped
 	Jobs          int // expired rows deleted from job_history's default partition
 	PeriodicRuns  int // periodic_runs rows past retention
+	Processes     int // rows of dead processes (see Queue.Processes)
 	Batches       int // statements run
 	MoreRemaining bool
 }
@@ -374,9 +376,15 @@ func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {
 	if _, err := m.store.RollUpCounts(ctx, MaxRetention); err != nil {
 		return total, classify(fmt.Errorf("rolling up job counts: %w", err))
 	}
-	if total.Partitions > 0 || total.Jobs > 0 || total.PeriodicRuns > 0 {
+	n, err := m.store.CleanProcesses(ctx)
+	total.Processes = n
+	total.Batches++
+	if err != nil {
+		return total, classify(fmt.Errorf("removing dead processes: %w", err))
+	}
+	if total.Partitions > 0 || total.Jobs > 0 || total.PeriodicRuns > 0 || total.Processes > 0 {
 		m.log.Info("backlog: cleaner removed expired history", "partitions", total.Partitions, "jobs", total.Jobs,
-			"periodic_runs", total.PeriodicRuns, "batches", total.Batches, "more", total.MoreRemaining)
+			"periodic_runs", total.PeriodicRuns, "processes", total.Processes, "batches", total.Batches, "more", total.MoreRemaining)
 	}
 	return total, nil
 }

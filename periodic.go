@@ -64,6 +64,8 @@ type schedule struct {
 	catchUp int
 	last    time.Time // latest plan known to be enqueued (by anyone)
 	loaded  bool      // last was read from periodic_runs
+	def     store.Schedule
+	stored  bool // def is in the schedules table
 }
 
 // scheduler enqueues due plans of this process's schedules.
@@ -80,12 +82,19 @@ type scheduler struct {
 	enqueue func(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]posting, error)
 	wake    chan struct{} // buffer of 1: a registration never blocks
 
+	// confirmEvery is how often the stored schedules are confirmed
+	// (scheduleConfirm; tests shorten it).
+	confirmEvery time.Duration
+
 	mu        sync.Mutex
 	schedules map[string]*schedule
+	confirmAt time.Time // when to confirm the stored schedules next
+	retryAt   time.Time // recording failed: not before then
 }
 
 func newScheduler(st *store.Store, pool *pgxpool.Pool, cfg *config, a announcer) *scheduler {
-	return &scheduler{store: st, pool: pool, cfg: cfg, log: cfg.logger, announce: a, schedules: map[string]*schedule{}, wake: make(chan struct{}, 1)}
+	return &scheduler{store: st, pool: pool, cfg: cfg, log: cfg.logger, announce: a, schedules: map[string]*schedule{},
+		wake: make(chan struct{}, 1), confirmEvery: scheduleConfirm}
 }
 
 func (s *scheduler) start() { s.run.start(s.loop) }
@@ -124,6 +133,7 @@ func (s *scheduler) loop(ctx context.Context) {
 // local clock from that reading, so a skewed local clock does not matter.
 func (s *scheduler) tick(ctx context.Context) time.Duration {
 	const retry = time.Second
+	recordIn := s.record(ctx)
 	s.mu.Lock()
 	var toLoad []string
 	for n, sc := range s.schedules {
@@ -201,19 +211,23 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 	next := time.Time{}
 	s.mu.Lock()
 	for _, sc := range scheds {
-		if n := sc.planner.next(maxTime(sc.last, dbNow)); next.IsZero() || n.Before(next) {
+		if n := nextPlan(sc.planner, sc.last, dbNow); next.IsZero() || n.Before(next) {
 			next = n
 		}
 	}
 	s.mu.Unlock()
 	if next.IsZero() {
-		return time.Hour // no schedules
+		return min(time.Hour, recordIn) // no schedules
 	}
 	// dbNow was read at readAt on the local clock; whatever that clock's
 	// offset from the database, elapsed time on it is real.
 	elapsed := s.cfg.clock().Sub(readAt)
-	return max(next.Sub(dbNow)-elapsed, 0) + time.Millisecond
+	return min(max(next.Sub(dbNow)-elapsed, 0)+time.Millisecond, recordIn)
 }
+
+// nextPlan returns the first plan after both the latest enqueued plan
+// (zero: none) and now.
+func nextPlan(p planner, last, now time.Time) time.Time { return p.next(maxTime(last, now)) }
 
 // duePlan is one plan of one schedule that fell due.
 type duePlan struct {

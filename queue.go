@@ -31,6 +31,7 @@ type Queue struct {
 	// The services, in start order (Close stops them in reverse).
 	announce announcer
 	listen   *listener // nil in poll-only mode
+	procs    *registry
 	leases   *leases
 	comp     *completer
 	acq      *acquirer
@@ -80,7 +81,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	q := &Queue{pool: pool, cfg: cfg, log: cfg.logger, store: store.New(pool, cfg.schema), closing: make(chan struct{})}
 	q.store.SetRetention(cfg.keepCompleted, cfg.keepFailed)
 	log := cfg.logger
+	q.procs = newRegistry(q.store, log, cfg.workerID, cfg.lease)
 	q.leases = newLeases(q.store, log, cfg.lease)
+	q.leases.procs = q.procs
 	// The completer announces through the announcer, which (local mode)
 	// wakes the acquirer, which claims through the claimer, which submits
 	// releases to the completer: built in that order, wired after.
@@ -113,13 +116,14 @@ func randomHex(n int) string {
 
 // services lists the Queue's services in start order. Work starts them
 // all but the scheduler; Close stops them in reverse, so that nothing a
-// service needs stops before it.
+// service needs stops before it (the process registry deletes its row once
+// the heartbeat, which writes it, has stopped).
 func (q *Queue) services() []service {
 	out := []service{q.announce}
 	if q.listen != nil {
 		out = append(out, q.listen)
 	}
-	return append(out, q.leases, q.comp, q.acq, q.maint, q.sched)
+	return append(out, q.procs, q.leases, q.comp, q.acq, q.maint, q.sched)
 }
 
 // Schema returns the queue's schema name.
@@ -236,9 +240,10 @@ func (q *Queue) beginWork() bool {
 // their grace periods), waits for them, then stops the services in reverse
 // start order: the scheduler, maintenance, acquirer (claims in flight are
 // released), completer (every queued outcome is written), heartbeat,
-// listener and notifier. It never closes the pool. Close is idempotent;
-// later calls return at once. Do not call it from a handler or a hook: it
-// waits for them to return.
+// process registry (the process's row is deleted: Processes no longer
+// lists it), listener and notifier. It never closes the pool. Close is
+// idempotent; later calls return at once. Do not call it from a handler or
+// a hook: it waits for them to return.
 func (q *Queue) Close() error {
 	q.mu.Lock()
 	if q.closed {

@@ -22,35 +22,55 @@ func CatchUp(n int) EnqueueOption {
 // Every registers (or replaces) the schedule name: a job of type typ with
 // args and opts is enqueued at every multiple of interval (plan times are
 // aligned to the Unix epoch on the database clock, so every process agrees).
-// The interval must be at least one second.
+// The interval must be at least one second. The schedule is also recorded
+// in the database, for Queue.Schedules.
 func (q *Queue) Every(name string, interval time.Duration, typ string, args any, opts ...EnqueueOption) error {
-	if interval < time.Second {
-		return invalid("interval", "must be at least 1s, got %s", interval)
+	p, err := planEvery(interval)
+	if err != nil {
+		return err
 	}
-	return q.addSchedule(name, everyPlanner(interval), typ, args, opts)
+	return q.addSchedule(name, ScheduleEvery, interval.String(), p, typ, args, opts)
 }
 
 // Cron registers (or replaces) the schedule name with a standard 5-field
 // cron expression ("*/5 * * * *") or a descriptor (@hourly, @daily,
-// @every 90s…), evaluated in UTC unless it starts with CRON_TZ=<zone>.
+// @every 90s…), evaluated in UTC unless it starts with CRON_TZ=<zone>. The
+// schedule is also recorded in the database, for Queue.Schedules.
 //
 // "@every d" plans like Every(d): at multiples of d since the Unix epoch, so
 // processes that registered it at different times share the same plans.
 func (q *Queue) Cron(name, spec, typ string, args any, opts ...EnqueueOption) error {
+	p, err := planCron(spec)
+	if err != nil {
+		return err
+	}
+	return q.addSchedule(name, ScheduleCron, spec, p, typ, args, opts)
+}
+
+// planEvery returns the planner of Every(interval).
+func planEvery(interval time.Duration) (planner, error) {
+	if interval < time.Second {
+		return nil, invalid("interval", "must be at least 1s, got %s", interval)
+	}
+	return everyPlanner(interval), nil
+}
+
+// planCron returns the planner of Cron(spec).
+func planCron(spec string) (planner, error) {
 	s, err := cron.ParseStandard(spec)
 	if err != nil {
-		return invalid("cron spec", "%q: %v", spec, err)
+		return nil, invalid("cron spec", "%q: %v", spec, err)
 	}
 	if every, ok := s.(cron.ConstantDelaySchedule); ok {
 		if every.Delay < time.Second {
-			return invalid("cron spec", "%q: @every must be at least 1s", spec)
+			return nil, invalid("cron spec", "%q: @every must be at least 1s", spec)
 		}
-		return q.addSchedule(name, everyPlanner(every.Delay), typ, args, opts)
+		return everyPlanner(every.Delay), nil
 	}
-	return q.addSchedule(name, cronPlanner{s}, typ, args, opts)
+	return cronPlanner{s}, nil
 }
 
-func (q *Queue) addSchedule(name string, p planner, typ string, args any, opts []EnqueueOption) error {
+func (q *Queue) addSchedule(name string, kind ScheduleKind, spec string, p planner, typ string, args any, opts []EnqueueOption) error {
 	if err := validateText("schedule name", name, MaxTypeBytes, false); err != nil {
 		return err
 	}
@@ -73,7 +93,8 @@ func (q *Queue) addSchedule(name string, p planner, typ string, args any, opts [
 		return invalid("depends on", "periodic jobs cannot depend on other jobs")
 	}
 	// Validate the job once now, so bad input fails at registration.
-	if _, err := buildJob(JobSpec{Type: typ, Args: args, Options: jobOpts}); err != nil {
+	job, err := buildJob(JobSpec{Type: typ, Args: args, Options: jobOpts})
+	if err != nil {
 		return err
 	}
 	q.mu.Lock()
@@ -87,7 +108,8 @@ func (q *Queue) addSchedule(name string, p planner, typ string, args any, opts [
 			return posts, err
 		}
 	}
-	q.sched.add(&schedule{name: name, planner: p, typ: typ, args: args, opts: jobOpts, catchUp: catchUp})
+	q.sched.add(&schedule{name: name, planner: p, typ: typ, args: args, opts: jobOpts, catchUp: catchUp,
+		def: scheduleDef(name, kind, spec, job, catchUp, q.cfg.workerID)})
 	q.announce.start()
 	q.sched.start()
 	return nil

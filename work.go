@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/backlogq/backlog/internal/store"
@@ -84,7 +85,9 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	hard, hardStop := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer hardStop(nil)
 
-	w := &workCall{q: q, h: h, mux: mux, cfg: cfg, hard: hard}
+	w := &workCall{q: q, h: h, mux: mux, cfg: cfg, spec: spec, hard: hard}
+	q.procs.join(w)
+	defer q.procs.leave(w) // after every outcome is written, before Close may go on
 	q.acq.join(spec, cfg.concurrency, cfg.prefetch)
 	var workers sync.WaitGroup
 	for range cfg.concurrency {
@@ -160,8 +163,10 @@ type workCall struct {
 	h        Handler
 	mux      *Mux
 	cfg      workConfig
+	spec     *domainSpec
 	hard     context.Context
 	finishes sync.WaitGroup // outcomes submitted but not yet written
+	running  atomic.Int32   // handlers running (for Processes)
 }
 
 func (w *workCall) run(job *Job) {
@@ -191,7 +196,9 @@ func (w *workCall) run(job *Job) {
 		}
 	}
 	began := time.Now()
+	w.running.Add(1)
 	err := callHandler(ctx, w.h, job)
+	w.running.Add(-1)
 	ran := time.Since(began)
 	cause := context.Cause(ctx)
 

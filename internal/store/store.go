@@ -76,6 +76,8 @@ type Store struct {
 	hist    historySQL
 	counts  countsSQL
 	control controlSQL
+	procs   procSQL
+	sched   schedSQL
 }
 
 // ChannelName is the NOTIFY channel used for a schema.
@@ -95,6 +97,8 @@ func New(pool *pgxpool.Pool, schema string) *Store {
 	s.buildHistory()
 	s.buildCounts()
 	s.buildControl()
+	s.buildProcesses() // after buildFinish: it extends the lease renewal
+	s.buildSchedules()
 	return s
 }
 

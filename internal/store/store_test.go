@@ -75,6 +75,8 @@ func TestStatementsPrepare(t *testing.T) {
 	check(reflect.ValueOf(s.hist), "hist.")
 	check(reflect.ValueOf(s.counts), "counts.")
 	check(reflect.ValueOf(s.control), "control.")
+	check(reflect.ValueOf(s.procs), "procs.")
+	check(reflect.ValueOf(s.sched), "sched.")
 	require.Greater(t, n, 40)
 }
 

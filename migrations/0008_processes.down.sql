@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS schedules;
+DROP TABLE IF EXISTS processes;
