@@ -54,6 +54,7 @@ type Job struct {
 	token  uuid.UUID
 	lease  *heldLease
 	waited time.Duration // run_at → claim, database clock
+	slot   bool          // holds a slot of a concurrency limit: its finish announces it freed
 	mu     sync.Mutex
 	res    json.RawMessage
 	resE   error
