@@ -58,8 +58,8 @@ CREATE TABLE job_key_cursors (
     key  text NOT NULL
 );
 
--- How many starts the rate limit allows now for (p_type, p_key), and if
--- none, in how many milliseconds the next one is allowed. A tat less than
+-- How many starts the rate limit allows now for (p_type, p_key), and in
+-- how many milliseconds the start after those will be allowed. A tat less than
 -- one interval in the past is kept rather than reset to now, so that
 -- starts stay on their grid however late the claim that takes them comes.
 CREATE FUNCTION rate_allowance(p_type text, p_key text, p_rate integer, p_period_ms bigint, p_burst integer,
@@ -78,7 +78,8 @@ BEGIN
     END IF;
     v_d := extract(epoch FROM v_tat - now()) * 1000; -- ms ahead of now (at most one interval behind)
     allowed := least(p_burst, greatest(0, floor(((p_burst - 1) * v_t + v_t - v_d) / v_t)::integer));
-    wait_ms := CASE WHEN allowed > 0 THEN NULL ELSE greatest(1, ceil(v_d - (p_burst - 1) * v_t))::bigint END;
+    -- When the start after the allowed ones will be allowed.
+    wait_ms := greatest(1, ceil(v_d + allowed * v_t - (p_burst - 1) * v_t))::bigint;
 END
 $$;
 
@@ -213,10 +214,12 @@ BEGIN
                         LIMIT l.key_concurrency) r;
                 END IF;
                 IF l.rate IS NOT NULL AND l.rate_per_key AND v_n > 0 THEN
-                    SELECT least(v_n, a.allowed), a.wait_ms INTO v_n, v_wait
+                    SELECT a.allowed, a.wait_ms INTO v_take, v_wait
                     FROM rate_allowance(p_type, v_k, l.rate, l.rate_period_ms, l.burst) a;
-                    IF v_wait IS NOT NULL THEN
+                    IF v_take < v_n THEN
+                        v_n := v_take; -- the key's rate holds jobs back
                         wait_ms := least(wait_ms, v_wait);
+                        limited := 2;
                     END IF;
                 END IF;
                 IF v_n <= 0 THEN
