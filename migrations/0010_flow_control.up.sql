@@ -37,6 +37,10 @@ CREATE TABLE job_limits (
     burst           integer     CHECK (burst > 0),
     rate_per_key    boolean     NOT NULL DEFAULT false,
     updated_at      timestamptz NOT NULL DEFAULT now(),
+    -- At least the number of jobs of the type running (claims add what they
+    -- take; finishes do not subtract): while it leaves room, a claim need
+    -- not count them. A claim that counts sets it to the count.
+    running_bound   integer     NOT NULL DEFAULT 1073741824,
     CHECK ((rate IS NULL) = (rate_period_ms IS NULL) AND (rate IS NULL) = (burst IS NULL))
 );
 
@@ -142,8 +146,11 @@ BEGIN
     SELECT * INTO l FROM job_limits WHERE type = p_type;
     slot := l.concurrency IS NOT NULL OR l.key_concurrency IS NOT NULL;
     IF l.concurrency IS NOT NULL THEN
-        SELECT l.concurrency - count(*) INTO v_n
-        FROM (SELECT 1 FROM jobs r WHERE r.state = 'running' AND r.type = p_type LIMIT l.concurrency) r;
+        IF l.running_bound + v_need > l.concurrency THEN
+            SELECT count(*) INTO l.running_bound
+            FROM (SELECT 1 FROM jobs r WHERE r.state = 'running' AND r.type = p_type LIMIT l.concurrency) r;
+        END IF;
+        v_n := l.concurrency - l.running_bound;
         IF v_n < v_need THEN
             -- Slots are short: none goes to a prefetch buffer.
             limited := CASE WHEN v_n < p_now THEN 2 ELSE 1 END;
@@ -163,6 +170,9 @@ BEGIN
         END IF;
     END IF;
     IF v_need <= 0 THEN
+        IF l.concurrency IS NOT NULL THEN
+            UPDATE job_limits SET running_bound = l.running_bound WHERE type = p_type;
+        END IF;
         RETURN;
     END IF;
 
@@ -291,6 +301,9 @@ BEGIN
     END IF;
     IF l.rate IS NOT NULL AND NOT l.rate_per_key AND cardinality(ids) > 0 THEN
         PERFORM rate_charge(p_type, '', l.rate, l.rate_period_ms, cardinality(ids));
+    END IF;
+    IF l.concurrency IS NOT NULL THEN
+        UPDATE job_limits SET running_bound = l.running_bound + cardinality(ids) WHERE type = p_type;
     END IF;
 END
 $$;

@@ -165,7 +165,7 @@ func flowBurn(ctx context.Context, env *benchEnv, n int, limit *backlog.Limit, k
 			return nil
 		}), backlog.Types(benchType))
 	})
-	defer wg.Wait()
+	defer func() { stop(); wg.Wait() }()
 	select {
 	case <-finished:
 	case <-time.After(env.cfg.burnTimeout * 3):
@@ -272,7 +272,7 @@ func flowFairness(ctx context.Context, env *benchEnv, big int) (float64, error) 
 			return nil
 		}), backlog.Types(benchType), backlog.Concurrency(10))
 	})
-	defer wg.Wait()
+	defer func() { stop(); wg.Wait() }()
 	select {
 	case <-all:
 	case <-time.After(2 * time.Minute):
