@@ -336,6 +336,44 @@ func TestSQLEnqueueWritesTheJobGoWrites(t *testing.T) {
 	require.Equal(t, 1, e.countLive("unique_key = $1", evil+"sql"))
 	require.Equal(t, 2, e.countLive("ordering_key = $1", evil))
 	require.Equal(t, backlog.StateBlocked, info.State, "behind the Go job of the same ordering key")
+	require.Equal(t, 1, e.countLive("id = $1 AND blocked_by = 1", sqlID))
+	require.Equal(t, 1, e.countLive("id = $1 AND type = $2", goID, evil), "Go's is the chain's head")
+}
+
+// TestSQLEnqueueAnySchemaName: in a schema whose name needs quoting,
+// enqueue() takes the same ordering-key lock as Go and posts on the
+// channel the Go listener listens on.
+func TestSQLEnqueueAnySchemaName(t *testing.T) {
+	t.Parallel()
+	pool := testdb.Pool(t)
+	e := &env{t: t, pool: pool, schema: "Mixed_" + testdb.Schema(t)}
+	t.Cleanup(func() {
+		_, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{e.schema}.Sanitize()+" CASCADE")
+		require.NoError(t, err)
+	})
+	e.q = e.queue(pool, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+	require.NoError(t, e.q.Migrate(ctx))
+	conn := sqlConn(t)
+
+	// Go's key lock: pg_advisory_xact_lock(hashtext(schema), hashtext(key)).
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = e.sqlEnqueue(tx, `'locked', ordering_key => 'k'`)
+	require.NoError(t, err)
+	var held int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+		AND classid = hashtext($1)::oid AND objid = hashtext('k')::oid AND objsubid = 2`, e.schema).Scan(&held))
+	require.Equal(t, 1, held)
+	require.NoError(t, tx.Commit(ctx))
+
+	h, starts := startTimes()
+	work(t, e.q, h, backlog.Types("t"))
+	waitIdle(t, e, "t", starts)
+	_, err = e.sqlEnqueue(conn, `'t'`)
+	require.NoError(t, err)
+	committed := time.Now()
+	require.Less(t, awaitStart(t, starts, "no posting on the schema's channel").Sub(committed), 2*time.Second)
 }
 
 // uuidMillis is a UUIDv7's Unix milliseconds.
