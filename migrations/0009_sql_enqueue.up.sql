@@ -69,7 +69,7 @@ $$;
 -- payload would pass 7,000 bytes (posting.go's maxPostingBytes; a posting
 -- without tags wakes every domain of the type, a harmless superset).
 CREATE FUNCTION enqueue_posting(p_type text, p_tags jsonb) RETURNS text
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql STABLE
 AS $$
     SELECT CASE WHEN p.full IS NOT NULL AND octet_length(p.full) <= 7000 THEN p.full
                 ELSE jsonb_build_object('type', p_type)::text END
