@@ -60,7 +60,7 @@ running jobs per worker, paused types and the oldest open transaction.`,
 			if err := t.flush(); err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "\n(finished jobs: the last %s)\n", backlog.StatsWindow)
+			fmt.Fprintf(out, "\nfinished jobs are counted over the last %s\n", strings.TrimSuffix(backlog.StatsWindow.String(), "0m0s"))
 			fmt.Fprintf(out, "oldest available job waiting: %s\n", st.OldestAvailable.Round(time.Millisecond))
 			paused := "none"
 			if len(st.Paused) > 0 {
