@@ -139,7 +139,15 @@ func gooseSection(b *strings.Builder, sql string) {
 			continue
 		}
 		if wrap {
-			b.WriteString("-- +goose StatementBegin\n" + st + "\n-- +goose StatementEnd\n\n")
+			// The comments before the statement stay outside the block.
+			lead := 0
+			for lead < len(lines)-1 && (strings.HasPrefix(strings.TrimSpace(lines[lead]), "--") || strings.TrimSpace(lines[lead]) == "") {
+				lead++
+			}
+			if lead > 0 {
+				b.WriteString(strings.TrimSpace(strings.Join(lines[:lead], "\n")) + "\n")
+			}
+			b.WriteString("-- +goose StatementBegin\n" + strings.Join(lines[lead:], "\n") + "\n-- +goose StatementEnd\n\n")
 		} else {
 			b.WriteString(st + "\n\n")
 		}
