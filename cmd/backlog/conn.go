@@ -118,8 +118,14 @@ func connectErr(addr string, err error) error {
 	if errors.As(err, &pgErr) {
 		return fmt.Errorf("PostgreSQL at %s refused the connection: %s (SQLSTATE %s)", addr, pgErr.Message, pgErr.Code)
 	}
+	var sysErr *os.SyscallError
 	var opErr *net.OpError
-	if errors.As(err, &opErr) && opErr.Err != nil {
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		err = fmt.Errorf("cannot resolve %s: %s", dnsErr.Name, dnsErr.Err)
+	} else if errors.As(err, &sysErr) {
+		err = sysErr.Err // "connection refused", without "connect: "
+	} else if errors.As(err, &opErr) && opErr.Err != nil {
 		err = opErr.Err
 	} else if errors.Is(err, context.DeadlineExceeded) {
 		err = errors.New("timed out")
