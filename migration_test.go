@@ -86,4 +86,15 @@ func TestMigrateDownAndUp(t *testing.T) {
 
 	_, err = q.MigrateDown(ctx, 0)
 	require.ErrorIs(t, err, backlog.ErrInvalid)
+
+	// A version another tool left dirty is reported, and nothing reverts.
+	_, err = pool.Exec(ctx, `UPDATE `+q.Schema()+`.schema_migrations SET dirty = true`)
+	require.NoError(t, err)
+	st, err = q.MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.True(t, st.Dirty)
+	require.Equal(t, newest, st.Version)
+	done, err = q.MigrateDown(ctx, 1)
+	require.ErrorContains(t, err, "dirty")
+	require.Empty(t, done)
 }

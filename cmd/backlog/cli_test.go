@@ -46,7 +46,11 @@ func TestBadUsage(t *testing.T) {
 		{[]string{"migrate", "sql", "--format", "flyway"}, "--format must be golang-migrate or goose"},
 		{[]string{"migrate", "nope"}, `unknown command "nope"`},
 	} {
-		c.fail(2, tc.want, tc.args...)
+		out, errs, code := c.run(tc.args...)
+		c.checkFail(tc.args, out, errs, code, 2, tc.want)
+		if strings.Count(errs, "\n") != 1 {
+			t.Fatalf("backlog %v: want one line on stderr, got:\n%s", tc.args, errs)
+		}
 	}
 	// No database at all.
 	out, errs, code := c.runEnv(nil, "stats")

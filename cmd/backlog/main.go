@@ -57,15 +57,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintln(stderr, "backlog: "+oneLine(app.redact(err.Error())))
+	msg := "backlog: " + oneLine(app.redact(err.Error()))
+	if !app.ran {
+		// Errors before a command ran are cobra's: unknown commands and
+		// flags, bad flag values, wrong argument counts.
+		msg += " (see backlog --help)"
+	}
+	fmt.Fprintln(stderr, msg)
 	var ue *usageError
 	switch {
 	case !app.ran, errors.As(err, &ue), errors.Is(err, backlog.ErrInvalid):
-		// Errors before a command ran are cobra's: unknown commands and
-		// flags, bad flag values, wrong argument counts.
-		if !app.ran {
-			fmt.Fprintln(stderr, "Run 'backlog --help' for usage.")
-		}
 		return exitUsage
 	default:
 		return exitFailure
