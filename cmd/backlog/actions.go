@@ -83,7 +83,7 @@ only with --yes; --dry-run prints the count only.`,
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			ctx := cmd.Context()
 			if len(argv) > 0 {
-				if ff.set() || all || yes || dryRun {
+				if ff.set() || all || dryRun {
 					return usagef("%s: give job IDs or filter flags, not both", act.name)
 				}
 				ids, err := parseIDs(argv)

@@ -137,7 +137,10 @@ func connectErr(addr string, err error) error {
 	return fmt.Errorf("cannot reach PostgreSQL at %s: %v", addr, err)
 }
 
-var userinfoRE = regexp.MustCompile(`(://[^:/@\s]*):[^@\s]*@`)
+var (
+	userinfoRE = regexp.MustCompile(`(://[^:/@\s]*):[^@\s]*@`)
+	passwordRE = regexp.MustCompile(`(password=)\S+`)
+)
 
 // redact hides the database password in a message: the URL's, and any
 // password=… setting.
@@ -155,5 +158,5 @@ func (a *app) redact(msg string) string {
 	if cfg, err := pgconn.ParseConfig(u); err == nil && cfg.Password != "" {
 		msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
 	}
-	return regexp.MustCompile(`(password=)\S+`).ReplaceAllString(msg, "${1}xxxxx")
+	return passwordRE.ReplaceAllString(msg, "${1}xxxxx")
 }

@@ -179,10 +179,10 @@ func (c *cli) checkFail(args []string, out, errs string, got, code int, want str
 
 // queue opens the library on the CLI's schema, for what the CLI cannot do
 // (run workers).
-func (c *cli) queue() *backlog.Queue {
+func (c *cli) queue(opts ...backlog.Option) *backlog.Queue {
 	c.t.Helper()
-	q, err := backlog.New(context.Background(), pool, backlog.WithSchema(c.schema),
-		backlog.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	q, err := backlog.New(context.Background(), pool, append([]backlog.Option{backlog.WithSchema(c.schema),
+		backlog.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}, opts...)...)
 	if err != nil {
 		c.t.Fatal(err)
 	}
