@@ -2,6 +2,9 @@ module github.com/backlogq/backlog/cmd/backlog
 
 go 1.26.8
 
+// The library in this repository. A release of the CLI (a tag
+// cmd/backlog/vX.Y.Z) drops this line and requires the released library:
+// `go install …/cmd/backlog@version` refuses modules with replace directives.
 replace github.com/backlogq/backlog => ../..
 
 require (

@@ -110,7 +110,13 @@ revert. Stop the workers using the schema first.`,
 					fmt.Fprintf(cmd.OutOrStdout(), "schema %s has no migration to revert\n", a.schema)
 					return nil
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "would revert from schema %s: %s\n", a.schema, strings.Join(would, ", "))
+				if a.json {
+					if err := writeJSON(cmd.OutOrStdout(), map[string]any{"schema": a.schema, "would_revert": would}); err != nil {
+						return err
+					}
+				} else {
+					fmt.Fprintf(cmd.OutOrStdout(), "would revert from schema %s: %s\n", a.schema, strings.Join(would, ", "))
+				}
 				return usagef("migrate down: reverting drops tables and their jobs; add --yes to revert %d migration(s)", len(would))
 			}
 			done, err := c.q.MigrateDown(ctx, n)
