@@ -45,6 +45,9 @@
 // (one at a time, in order, per key) and [UniqueKey] (at most one live job
 // per key). [Queue.EnqueueMany] inserts a batch in one statement. Bad input
 // returns an [*InputError] naming the field, and nothing is written.
+// Programs not written in Go enqueue with the SQL function enqueue() in the
+// queue's schema, which validates, writes and announces a job the same way
+// (README, "Enqueue from SQL").
 //
 // # Working
 //

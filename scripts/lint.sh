@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Lint the module: gofmt, go vet and staticcheck. Run from anywhere.
+# Lint the library and the CLI module (cmd/backlog): gofmt, go vet and
+# staticcheck. Run from anywhere.
 #
 # staticcheck is a tool dependency of the tools/ module (pinned in
 # tools/go.mod; 2026.2.2 is module version v0.8.2), so the library's go.mod
@@ -25,5 +26,11 @@ go vet ./...
 echo "==> staticcheck (tools/go.mod) ./..." >&2
 staticcheck=$(cd tools && go tool -n staticcheck)
 "$staticcheck" ./...
+
+# cmd/backlog is a module of its own (the CLI's dependencies stay out of the
+# library's go.mod); ./... above stops at its go.mod, so it is linted here.
+# bench/ is not linted (benchmark and soak programs, not shipped).
+echo "==> cmd/backlog: go vet ./... and staticcheck ./..." >&2
+(cd cmd/backlog && go vet ./... && "$staticcheck" ./...)
 
 echo "lint: ok" >&2
