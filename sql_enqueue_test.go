@@ -20,7 +20,7 @@ import (
 	"github.com/backlogq/backlog/internal/testdb"
 )
 
-// The SQL function enqueue() of migration 0009, called the way a service
+// The SQL function enqueue() of migration 0010, called the way a service
 // not written in Go calls it: SQL text on a connection of its own, values
 // sent as literals (pgx's simple protocol quotes them as psql users do).
 
@@ -179,6 +179,7 @@ func enqueueCases(t *testing.T) []enqueueCase {
 		{name: "negative timeout", field: "timeout", typ: "t", opts: o(backlog.Timeout(-time.Millisecond)), call: "timeout => '-1 millisecond'"},
 		{name: "timeout under a millisecond", field: "timeout", typ: "t", opts: o(backlog.Timeout(500 * time.Microsecond)), call: "timeout => '500 microseconds'"},
 		{name: "ordering key over the limit", field: "ordering key", typ: "t", opts: o(backlog.OrderingKey(long(backlog.MaxKeyBytes + 1))), call: "ordering_key => $2", params: []any{long(backlog.MaxKeyBytes + 1)}},
+		{name: "concurrency key over the limit", field: "concurrency key", typ: "t", opts: o(backlog.ConcurrencyKey(long(backlog.MaxKeyBytes + 1))), call: "concurrency_key => $2", params: []any{long(backlog.MaxKeyBytes + 1)}},
 		{name: "unique key over the limit", field: "unique key", typ: "t", opts: o(backlog.UniqueKey(long(backlog.MaxKeyBytes + 1))), call: "unique_key => $2", params: []any{long(backlog.MaxKeyBytes + 1)}},
 		{name: "nil prerequisite", field: "depends on", typ: "t", opts: o(backlog.DependsOn(uuid.Nil)), call: "depends_on => ARRAY['00000000-0000-0000-0000-000000000000']::uuid[]"},
 		{name: "unknown prerequisite", field: "depends on", typ: "t", opts: o(backlog.DependsOn(unknown...)), call: "depends_on => $2::uuid[]", params: []any{unknownSQL}},
@@ -338,6 +339,14 @@ func TestSQLEnqueueWritesTheJobGoWrites(t *testing.T) {
 	require.Equal(t, backlog.StateBlocked, info.State, "behind the Go job of the same ordering key")
 	require.Equal(t, 1, e.countLive("id = $1 AND blocked_by = 1", sqlID))
 	require.Equal(t, 1, e.countLive("id = $1 AND type = $2", goID, evil), "Go's is the chain's head")
+
+	// A concurrency key (flow control), with and without a graph.
+	sqlID, err = e.sqlEnqueue(conn, `'keyed', concurrency_key => $1`, evil)
+	require.NoError(t, err)
+	require.Equal(t, 1, e.countLive("id = $1 AND concurrency_key = $2", sqlID, evil))
+	sqlID, err = e.sqlEnqueue(conn, `'keyed', concurrency_key => 'tenant:1', unique_key => 'u1'`)
+	require.NoError(t, err)
+	require.Equal(t, 1, e.countLive("id = $1 AND concurrency_key = 'tenant:1'", sqlID))
 }
 
 // TestSQLEnqueueAnySchemaName: in a schema whose name needs quoting,

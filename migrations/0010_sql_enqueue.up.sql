@@ -82,8 +82,9 @@ $$;
 -- strings); run_at now() (a later one inserts the job scheduled); priority
 -- 0 (DefaultPriority) from 0 to 100; max_attempts 25 (DefaultMaxAttempts)
 -- from 1 to 1,000,000; timeout none (0), else at least 1ms, rounded up to
--- whole milliseconds; ordering_key, unique_key none ('' too), at most 255
--- bytes; depends_on none, at most 1,000 IDs of existing jobs.
+-- whole milliseconds; ordering_key, unique_key, concurrency_key none (''
+-- too), at most 255 bytes; depends_on none, at most 1,000 IDs of existing
+-- jobs.
 --
 -- A unique key that a live job holds returns that job's ID, and nothing is
 -- inserted (as Queue.Enqueue does). An ordering key chains the job after
@@ -105,7 +106,8 @@ CREATE FUNCTION enqueue(
     timeout      interval    DEFAULT '0',
     ordering_key text        DEFAULT NULL,
     unique_key   text        DEFAULT NULL,
-    depends_on   uuid[]      DEFAULT NULL)
+    depends_on   uuid[]      DEFAULT NULL,
+    concurrency_key text     DEFAULT NULL)
 RETURNS uuid
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
@@ -123,6 +125,7 @@ DECLARE
     v_timeout  interval    := coalesce($7, interval '0');
     v_okey     text        := nullif($8, '');
     v_ukey     text        := nullif($9, '');
+    v_ckey     text        := nullif($11, '');
     v_deps     uuid[]      := ARRAY(SELECT unnest($10));
 
     v_id       uuid        := new_job_id();
@@ -207,15 +210,18 @@ BEGIN
     IF octet_length(v_ukey) > 255 THEN
         PERFORM enqueue_invalid('unique_key', format('%s bytes exceeds the 255-byte limit', octet_length(v_ukey)));
     END IF;
+    IF octet_length(v_ckey) > 255 THEN
+        PERFORM enqueue_invalid('concurrency_key', format('%s bytes exceeds the 255-byte limit', octet_length(v_ckey)));
+    END IF;
     IF array_position(v_deps, NULL) IS NOT NULL OR '00000000-0000-0000-0000-000000000000'::uuid = ANY(v_deps) THEN
         PERFORM enqueue_invalid('depends_on', 'nil job ID');
     END IF;
 
     IF v_okey IS NULL AND v_ukey IS NULL AND cardinality(v_deps) = 0 THEN
         -- A plain job: store.go's insert.
-        INSERT INTO jobs (id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state)
+        INSERT INTO jobs (id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state, concurrency_key)
         VALUES (v_id, v_type, v_args, v_tags, v_priority, v_run_at, v_max, v_timeout_ms,
-                CASE WHEN v_run_at > now() THEN 'scheduled' ELSE 'available' END)
+                CASE WHEN v_run_at > now() THEN 'scheduled' ELSE 'available' END, v_ckey)
         RETURNING state, greatest(0, ceil(extract(epoch FROM run_at - now()) * 1000))::bigint INTO v_state, v_in_ms;
         v_inserted := true;
     ELSE
@@ -287,10 +293,10 @@ BEGIN
         FOR v_attempt IN 1..5 LOOP
             EXIT WHEN v_holder IS NOT NULL;
             INSERT INTO jobs (id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state, blocked_by,
-                              ordering_key, unique_key, last_error, finished_at)
+                              ordering_key, unique_key, last_error, finished_at, concurrency_key)
             VALUES (v_id, v_type, v_args, v_tags, v_priority, v_run_at, v_max, v_timeout_ms,
                     CASE WHEN v_state = 'available' AND v_run_at > now() THEN 'scheduled' ELSE v_state END,
-                    v_blocked, v_okey, v_ukey, v_last_err, CASE WHEN v_state = 'cancelled' THEN now() END)
+                    v_blocked, v_okey, v_ukey, v_last_err, CASE WHEN v_state = 'cancelled' THEN now() END, v_ckey)
             ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('blocked', 'scheduled', 'available', 'running')
             DO NOTHING
             RETURNING state, greatest(0, ceil(extract(epoch FROM run_at - now()) * 1000))::bigint INTO v_state, v_in_ms;

@@ -1,4 +1,4 @@
--- Back to version 8 (the same schema as after migration 6, plus 8's
+-- Back to version 8 (the schema of migration 6, plus 8's
 -- tables): version 6's claim, finish() and retire() again.
 DROP FUNCTION IF EXISTS claim(text[], jsonb, integer, integer, bigint, text);
 DROP FUNCTION IF EXISTS claim_type(text, jsonb, integer, integer);
