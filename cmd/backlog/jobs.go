@@ -186,7 +186,7 @@ func indent(s string) string {
 
 func (a *app) enqueueCommand() *cobra.Command {
 	var tags []string
-	var runAt, uniqueKey, orderingKey string
+	var runAt, uniqueKey, orderingKey, concurrencyKey string
 	var priority, maxAttempts int
 	var timeout time.Duration
 	cmd := &cobra.Command{
@@ -229,6 +229,9 @@ func (a *app) enqueueCommand() *cobra.Command {
 			if orderingKey != "" {
 				opts = append(opts, backlog.OrderingKey(orderingKey))
 			}
+			if concurrencyKey != "" {
+				opts = append(opts, backlog.ConcurrencyKey(concurrencyKey))
+			}
 			if cmd.Flags().Changed("priority") {
 				opts = append(opts, backlog.Priority(priority))
 			}
@@ -258,6 +261,7 @@ func (a *app) enqueueCommand() *cobra.Command {
 	fl.StringVar(&runAt, "run-at", "", "when the job is due: RFC 3339, or +duration from now (+10m)")
 	fl.StringVar(&uniqueKey, "unique-key", "", "at most one live job with this key (enqueueing another returns its ID)")
 	fl.StringVar(&orderingKey, "ordering-key", "", "jobs with this key run one at a time, in order")
+	fl.StringVar(&concurrencyKey, "concurrency-key", "", "the job's group for flow control (backlog limit set --key-concurrency, --per-key)")
 	fl.IntVar(&priority, "priority", backlog.DefaultPriority, "priority, 0 (runs first) to 100")
 	fl.IntVar(&maxAttempts, "max-attempts", backlog.DefaultMaxAttempts, "attempts before the job fails")
 	fl.DurationVar(&timeout, "timeout", 0, "cancel an attempt after this long (0: never)")

@@ -1,6 +1,7 @@
 // Command backlog operates a backlog job queue from the shell: it migrates
 // the schema, lists, shows, retries, cancels, deletes and enqueues jobs,
-// pauses and resumes types, and reports stats, processes and schedules.
+// pauses and resumes types, sets and removes their flow-control limits, and
+// reports stats, processes and schedules.
 //
 // It connects to $DATABASE_URL (or --database-url) and works on one schema
 // (--schema, default "backlog"). Output is an aligned table by default and
@@ -95,7 +96,7 @@ func (a *app) rootCommand() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "backlog",
 		Short: "Operate a backlog job queue in PostgreSQL",
-		Long: `backlog operates a backlog job queue: migrations, jobs, types, stats.
+		Long: `backlog operates a backlog job queue: migrations, jobs, types, limits, stats.
 
 It connects to $DATABASE_URL (or --database-url) and works on one schema
 (--schema). Tables by default, JSON with --json.
@@ -116,7 +117,8 @@ Exit codes: 0 success, 1 failure, 2 bad usage.`,
 
 	root.AddCommand(a.migrateCommand(), a.statsCommand(), a.listCommand(), a.showCommand(),
 		a.retryCommand(), a.cancelCommand(), a.deleteCommand(), a.pauseCommand(), a.resumeCommand(),
-		a.pausedCommand(), a.processesCommand(), a.schedulesCommand(), a.enqueueCommand())
+		a.pausedCommand(), a.processesCommand(), a.schedulesCommand(), a.enqueueCommand(),
+		a.limitsCommand(), a.limitCommand())
 	return root
 }
 
