@@ -86,7 +86,8 @@ func TestDatabaseDown(t *testing.T) {
 func TestUnmigratedSchema(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
-	for _, args := range [][]string{{"stats"}, {"list"}, {"paused"}, {"enqueue", "t"}, {"retry", "--all", "--dry-run"}} {
+	for _, args := range [][]string{{"stats"}, {"list"}, {"paused"}, {"enqueue", "t"}, {"retry", "--all", "--dry-run"},
+		{"limits"}, {"limit", "set", "t", "--concurrency", "1"}, {"limit", "remove", "t"}} {
 		c.fail(1, "schema "+c.schema+" is not migrated; run `backlog migrate up`", args...)
 	}
 }
