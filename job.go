@@ -111,6 +111,9 @@ type JobInfo struct {
 	RunAt       time.Time
 	StartedAt   *time.Time // start of the latest attempt
 	FinishedAt  *time.Time // when it reached a terminal state
+	// The job's keys ("" when it has none): OrderingKey, UniqueKey and
+	// ConcurrencyKey.
+	OrderingKey, UniqueKey, ConcurrencyKey string
 }
 
 // Err is nil when the job completed. Otherwise it says why not: for a

@@ -14,7 +14,7 @@ import (
 // filterFlags are backlog.Filter's fields as flags.
 type filterFlags struct {
 	states, types, tags                                        []string
-	orderingKey, uniqueKey, errorContains                      string
+	orderingKey, uniqueKey, concurrencyKey, errorContains      string
 	createdAfter, createdBefore, finishedAfter, finishedBefore string
 	ids                                                        []string
 	now                                                        func() time.Time
@@ -26,6 +26,7 @@ func (f *filterFlags) register(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&f.tags, "tag", nil, "jobs with this tag, as key=value (repeat for all of several)")
 	fs.StringVar(&f.orderingKey, "ordering-key", "", "jobs with this ordering key")
 	fs.StringVar(&f.uniqueKey, "unique-key", "", "jobs with this unique key")
+	fs.StringVar(&f.concurrencyKey, "concurrency-key", "", "jobs with this concurrency key (flow control)")
 	fs.StringVar(&f.errorContains, "error-contains", "", "jobs whose last error contains this text (case insensitive)")
 	fs.StringVar(&f.createdAfter, "created-after", "", "jobs created at or after this time: RFC 3339, YYYY-MM-DD (UTC) or a duration ago (90m)")
 	fs.StringVar(&f.createdBefore, "created-before", "", "jobs created before this time (as --created-after)")
@@ -36,7 +37,7 @@ func (f *filterFlags) register(fs *pflag.FlagSet) {
 
 // set reports whether any filter flag was given.
 func (f *filterFlags) set() bool {
-	return len(f.states) > 0 || len(f.types) > 0 || len(f.tags) > 0 || f.orderingKey != "" || f.uniqueKey != "" ||
+	return len(f.states) > 0 || len(f.types) > 0 || len(f.tags) > 0 || f.orderingKey != "" || f.uniqueKey != "" || f.concurrencyKey != "" ||
 		f.errorContains != "" || f.createdAfter != "" || f.createdBefore != "" || f.finishedAfter != "" ||
 		f.finishedBefore != "" || len(f.ids) > 0
 }
@@ -55,6 +56,7 @@ func (f *filterFlags) filter() (backlog.Filter, error) {
 	}
 	out.Tags = tags
 	out.OrderingKey, out.UniqueKey, out.ErrorContains = f.orderingKey, f.uniqueKey, f.errorContains
+	out.ConcurrencyKey = f.concurrencyKey
 	now := time.Now
 	if f.now != nil {
 		now = f.now

@@ -33,6 +33,9 @@ type jobJSON struct {
 	RunAt          time.Time         `json:"run_at"`
 	StartedAt      *time.Time        `json:"started_at,omitempty"`
 	FinishedAt     *time.Time        `json:"finished_at,omitempty"`
+	OrderingKey    string            `json:"ordering_key,omitempty"`
+	UniqueKey      string            `json:"unique_key,omitempty"`
+	ConcurrencyKey string            `json:"concurrency_key,omitempty"`
 }
 
 type attemptJSON struct {
@@ -45,7 +48,7 @@ func jobView(j *backlog.JobInfo) jobJSON {
 	v := jobJSON{ID: j.ID, Type: j.Type, State: j.State, Args: j.Args, Tags: j.Tags, Priority: j.Priority,
 		Attempt: j.Attempt, MaxAttempts: j.MaxAttempts, TimeoutSeconds: seconds(j.Timeout), Worker: j.Worker,
 		Result: j.Result, LastError: j.LastError, CreatedAt: j.CreatedAt, RunAt: j.RunAt, StartedAt: j.StartedAt,
-		FinishedAt: j.FinishedAt}
+		FinishedAt: j.FinishedAt, OrderingKey: j.OrderingKey, UniqueKey: j.UniqueKey, ConcurrencyKey: j.ConcurrencyKey}
 	if len(v.Args) == 0 {
 		v.Args = json.RawMessage("null")
 	}
@@ -162,6 +165,11 @@ func printJob(out io.Writer, j *backlog.JobInfo) error {
 		{"Started:", j.StartedAt}, {"Finished:", j.FinishedAt}, {"Last error:", j.LastError},
 	} {
 		t.row(kv[0], kv[1])
+	}
+	for _, kv := range [][2]string{{"Ordering key:", j.OrderingKey}, {"Unique key:", j.UniqueKey}, {"Concurrency key:", j.ConcurrencyKey}} {
+		if kv[1] != "" { // only the keys it has
+			t.row(kv[0], kv[1])
+		}
 	}
 	if err := t.flush(); err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -131,8 +132,8 @@ func TestLimitsBadUsage(t *testing.T) {
 	}
 }
 
-// TestEnqueueConcurrencyKey: enqueue --concurrency-key stores the key (the
-// library does not show it, so it is read from the table).
+// TestEnqueueConcurrencyKey: enqueue --concurrency-key stores the key;
+// show and list show it, and list filters by it.
 func TestEnqueueConcurrencyKey(t *testing.T) {
 	t.Parallel()
 	c := migrated(t)
@@ -148,6 +149,22 @@ func TestEnqueueConcurrencyKey(t *testing.T) {
 		if (got == nil) != (want == nil) || (got != nil && *got != *want) {
 			t.Fatalf("job %s: concurrency key %v, want %v", id, deref(got), deref(want))
 		}
+	}
+	// show and list --concurrency-key see it.
+	if out := c.ok("show", keyed); !strings.Contains(out, "Concurrency key:") || !strings.Contains(out, "customer:42") {
+		t.Fatalf("show does not show the concurrency key:\n%s", out)
+	}
+	var listed struct {
+		Jobs []struct {
+			ID             string `json:"id"`
+			ConcurrencyKey string `json:"concurrency_key"`
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal([]byte(c.ok("list", "--concurrency-key", "customer:42", "--json")), &listed); err != nil {
+		t.Fatal(err)
+	}
+	if len(listed.Jobs) != 1 || listed.Jobs[0].ID != keyed || listed.Jobs[0].ConcurrencyKey != "customer:42" {
+		t.Fatalf("list --concurrency-key: %+v", listed.Jobs)
 	}
 }
 

@@ -164,7 +164,8 @@ FROM agg a`
 	// A job is in jobs while live and in job_history once finished (the
 	// move is one transaction, so one snapshot sees it in exactly one).
 	getCols := `id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
-	COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at`
+	COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at,
+	COALESCE(ordering_key, ''), COALESCE(unique_key, ''), COALESCE(concurrency_key, '')`
 	s.sql.get = `SELECT ` + getCols + ` FROM ` + s.jobs + ` WHERE id = $1
 UNION ALL
 SELECT ` + getCols + ` FROM ` + s.history + ` WHERE id = $1
@@ -375,6 +376,8 @@ type Row struct {
 	CreatedAt   time.Time
 	StartedAt   *time.Time
 	FinishedAt  *time.Time
+	// The job's keys ("": none).
+	OrderingKey, UniqueKey, ConcurrencyKey string
 }
 
 // Get reads one job, or returns ErrNotFound.
@@ -387,7 +390,8 @@ func (s *Store) Get(ctx context.Context, db DB, id uuid.UUID) (Row, error) {
 		timeoutMS int64
 	)
 	err := db.QueryRow(ctx, s.sql.get, Mode, id).Scan(&r.ID, &r.Type, &r.Args, &tags, &r.State, &prio, &r.RunAt,
-		&att, &maxA, &timeoutMS, &r.Worker, &r.Result, &r.LastError, &r.Errors, &r.CreatedAt, &r.StartedAt, &r.FinishedAt)
+		&att, &maxA, &timeoutMS, &r.Worker, &r.Result, &r.LastError, &r.Errors, &r.CreatedAt, &r.StartedAt, &r.FinishedAt,
+		&r.OrderingKey, &r.UniqueKey, &r.ConcurrencyKey)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Row{}, ErrNotFound
 	}
