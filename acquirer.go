@@ -37,6 +37,10 @@ type claimResult struct {
 	next time.Duration
 }
 
+// limitedPoll bounds how long a domain held back by a concurrency limit
+// waits before it looks again, announced or not.
+const limitedPoll = time.Second
+
 // acquirer hands claimed jobs to workers ("acquirees").
 //
 // Acquirees that want the same job types with the same worker tags form a
@@ -354,14 +358,29 @@ func (a *acquirer) claimLoop(d *domain) {
 			a.mu.Unlock()
 			a.store.release(surplus)
 			return
-		case res.limited == store.LimitedDemand && len(d.waiters) > 0:
-			// Jobs beyond the acquirees counted were held back (limited
-			// types are not prefetched), and acquirees came meanwhile.
+		case res.limited == store.LimitedDemand && len(jobs) >= wanted && len(d.waiters) > 0:
+			// Every acquiree counted got a job, jobs beyond them were
+			// held back (limited types are barely prefetched), and
+			// acquirees came meanwhile.
 			d.errs.Reset()
 			d.skips.Reset()
 			a.mu.Unlock()
 			a.store.release(surplus)
 			continue
+		case res.limited == store.LimitedWait:
+			// Slots are taken: a freed one is announced, and a limited
+			// domain also looks again within limitedPoll, for slots freed
+			// without an announcement (a sweep that failed a job, jobs
+			// that started before the limit was set, a process of an
+			// older version).
+			d.errs.Reset()
+			d.skips.Reset()
+			a.endClaimLocked(d)
+			a.retryLocked(d, min(a.pollInterval, limitedPoll))
+			a.gcLocked(d)
+			a.mu.Unlock()
+			a.store.release(surplus)
+			return
 		case res.skipped:
 			// Jobs are there but locked: by a claim about to take them, or
 			// by a transaction adding a dependent (possibly for as long as

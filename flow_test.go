@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -376,4 +377,94 @@ func TestConcurrencyKeyKeptAcrossRetry(t *testing.T) {
 	require.NoError(t, err)
 	e.waitState(id, 10*time.Second, backlog.StateFailed)
 	require.Equal(t, 1, e.count("concurrency_key = 'tenant:1' AND attempt = 2"))
+}
+
+// A key's limit counts the jobs a claim takes at every priority: a key
+// with jobs at three priorities still runs one at a time.
+func TestKeyConcurrencyAcrossPriorities(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, e.q.SetLimit(ctx, "prio", backlog.Limit{KeyConcurrency: 1}))
+	var specs []backlog.JobSpec
+	for i := range 9 {
+		specs = append(specs, backlog.JobSpec{Type: "prio", Args: keyArgs{Key: "tenant"},
+			Options: []backlog.EnqueueOption{backlog.ConcurrencyKey("tenant"), backlog.Priority(i % 3)}})
+	}
+	ids, err := e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	g := newGauge()
+	work(t, e.q, backlog.HandleJSON(func(ctx context.Context, job *backlog.Job, a keyArgs) error {
+		g.enter(a.Key)
+		defer g.leave(a.Key)
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return nil
+	}), backlog.Concurrency(3), backlog.Types("prio"))
+	for _, id := range ids {
+		e.waitState(id, 30*time.Second, backlog.StateCompleted)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	require.Equal(t, 1, g.keyPeak["tenant"], "jobs of the key running at once")
+}
+
+// Changing a type's limits forgets what the claims knew of its running
+// jobs: 8 jobs started under a rate limit keep a new Concurrency of 5 from
+// starting any more.
+func TestNewLimitCountsJobsAlreadyRunning(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, e.q.SetLimit(ctx, "chg2", backlog.Limit{Concurrency: 2}))
+	specs := make([]backlog.JobSpec, 14)
+	for i := range specs {
+		specs[i] = backlog.JobSpec{Type: "chg2"}
+	}
+	_, err := e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	release := make(chan struct{})
+	var started atomic.Int64
+	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		if started.Add(1) <= 2 {
+			return nil // the first two end at once
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	work(t, e.q, h, backlog.Concurrency(8), backlog.Types("chg2"))
+	e.waitCount("state = 'completed'", 2, 10*time.Second)
+	require.NoError(t, e.q.SetLimit(ctx, "chg2", backlog.Limit{Rate: 1000, Per: time.Second}))
+	e.waitCount("state = 'running'", 8, 10*time.Second)
+	require.NoError(t, e.q.SetLimit(ctx, "chg2", backlog.Limit{Concurrency: 5}))
+	running := e.countLive("state = 'running'") // 8 handlers, and what the first process claimed ahead
+	var second atomic.Int64
+	q2 := e.queue(testdb.NewPool(t, 4))
+	work(t, q2, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		second.Add(1)
+		return nil
+	}), backlog.Concurrency(4), backlog.Types("chg2"))
+	<-time.After(500 * time.Millisecond) // every process had the chance to claim
+	require.Zero(t, second.Load(), "jobs started over the new limit")
+	require.Equal(t, running, e.countLive("state = 'running'"), "jobs claimed over the new limit")
+	close(release)
+}
+
+// Keys whose jobs the worker's tags exclude do not keep it from the keys
+// after them.
+func TestKeysOfOtherTagsDoNotStarveTheRest(t *testing.T) {
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+	for _, k := range []string{"a", "b"} {
+		_, err := e.q.Enqueue(ctx, "tagged", nil, backlog.ConcurrencyKey(k), backlog.Tags{"gpu": "1"})
+		require.NoError(t, err)
+	}
+	z, err := e.q.Enqueue(ctx, "tagged", nil, backlog.ConcurrencyKey("z"))
+	require.NoError(t, err)
+	work(t, e.q, backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil }),
+		backlog.Concurrency(1), backlog.Types("tagged"))
+	e.waitState(z, 5*time.Second, backlog.StateCompleted)
 }

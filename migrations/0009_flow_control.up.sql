@@ -1,7 +1,7 @@
 -- Flow control (Queue.SetLimit): per job type, a global concurrency limit,
 -- a concurrency limit per concurrency key, and a rate limit (per type or
 -- per key); and round-robin claiming across concurrency keys. Enforced by
--- the claim function itself, under a per-type advisory lock, so limits
+-- the claim function itself, under per-type advisory locks, so limits
 -- hold across any number of processes with no leader.
 
 -- A job's concurrency key (EnqueueOption ConcurrencyKey): a tenant, a
@@ -63,9 +63,11 @@ CREATE TABLE job_key_cursors (
 );
 
 -- How many starts the rate limit allows now for (p_type, p_key), and in
--- how many milliseconds the start after those will be allowed. A tat less than
--- one interval in the past is kept rather than reset to now, so that
--- starts stay on their grid however late the claim that takes them comes.
+-- how many milliseconds the start after those will be allowed. A generic
+-- cell rate algorithm: a start is allowed while tat is at most burst-1
+-- intervals ahead of now, and moves tat one interval on from
+-- max(tat, now), so no window of one period ever sees more than
+-- burst + (rate - 1) starts, however late a claim comes.
 CREATE FUNCTION rate_allowance(p_type text, p_key text, p_rate integer, p_period_ms bigint, p_burst integer,
                                OUT allowed integer, OUT wait_ms bigint)
 LANGUAGE plpgsql STABLE
@@ -76,12 +78,9 @@ DECLARE
     v_tat timestamptz;
     v_d   float8;
 BEGIN
-    SELECT r.tat INTO v_tat FROM job_rates r WHERE r.type = p_type AND r.key = p_key;
-    IF v_tat IS NULL OR v_tat <= now() - v_t * interval '1 millisecond' THEN
-        v_tat := now();
-    END IF;
-    v_d := extract(epoch FROM v_tat - now()) * 1000; -- ms ahead of now (at most one interval behind)
-    allowed := least(p_burst, greatest(0, floor(((p_burst - 1) * v_t + v_t - v_d) / v_t)::integer));
+    SELECT greatest(r.tat, now()) INTO v_tat FROM job_rates r WHERE r.type = p_type AND r.key = p_key;
+    v_d := coalesce(extract(epoch FROM v_tat - now()) * 1000, 0); -- ms ahead of now
+    allowed := least(p_burst, greatest(0, floor((p_burst * v_t - v_d) / v_t + 1e-9)::integer));
     -- When the start after the allowed ones will be allowed.
     wait_ms := greatest(1, ceil(v_d + allowed * v_t - (p_burst - 1) * v_t))::bigint;
 END
@@ -95,26 +94,28 @@ AS $$
     INSERT INTO job_rates AS r (type, key, tat)
     VALUES (p_type, p_key, now() + p_n * (p_period_ms::float8 / p_rate) * interval '1 millisecond')
     ON CONFLICT (type, key) DO UPDATE
-    SET tat = CASE WHEN r.tat <= now() - (p_period_ms::float8 / p_rate) * interval '1 millisecond' THEN now() ELSE r.tat END
-              + p_n * (p_period_ms::float8 / p_rate) * interval '1 millisecond'
+    SET tat = greatest(r.tat, now()) + p_n * (p_period_ms::float8 / p_rate) * interval '1 millisecond'
 $$;
 
 -- The jobs of one type a claim takes when the type has a limit or keyed
--- jobs wait: up to p_need (p_now of them for callers waiting now: when
--- slots are short, none are taken ahead of demand), within the type's
--- limits, visiting concurrency keys in turn. The caller holds the type's
--- advisory lock, so counting running jobs and taking more is atomic
--- against every other claim of the type. Returns the jobs' IDs (locked,
--- not yet running); slot: the type has a concurrency limit (its finishes
--- announce a freed slot); limited: 0 no limit held jobs back, 1 only jobs
--- beyond p_now were held back (no prefetch), 2 a limit held jobs back that
--- callers wait for; wait_ms: when a rate limit did, how long until it
--- allows the next start.
+-- jobs wait: up to p_need, p_now of them for callers waiting now (the rest
+-- fill a prefetch buffer: a limited type gets little of it, none when
+-- slots are short), within the type's limits, visiting concurrency keys
+-- in turn. The caller holds the type's claim lock, so counting running
+-- jobs and taking more is atomic against every other claim of the type.
+-- Returns the jobs' IDs (locked, not yet running); slot: the type has a
+-- concurrency limit (its finishes announce a freed slot); limited: 0 no
+-- limit held jobs back, 1 only jobs beyond p_now were held back (no
+-- prefetch), 2 a limit held back jobs that callers wait for; wait_ms:
+-- when a rate limit did, how long until it allows the next start.
 --
 -- Keys are visited round-robin within a priority: the keys after the last
 -- one served (job_key_cursors), then the jobs without a key as one more
 -- group, then the keys from the first; one job a group a round, until the
--- claim has what it needs. A lone group left takes the rest at once.
+-- claim has what it needs. A lone group left takes the rest at once. A
+-- key is visited only if it has a due job the caller's tags allow, and a
+-- claim examines at most 256 keys a priority (it then moves the cursor to
+-- the last one examined: the next claim goes on from there).
 CREATE FUNCTION claim_type(p_type text, p_tags jsonb, p_need integer, p_now integer,
                            OUT ids uuid[], OUT slot boolean, OUT limited smallint, OUT wait_ms bigint)
 LANGUAGE plpgsql VOLATILE
@@ -123,25 +124,28 @@ SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    l        job_limits%ROWTYPE;
-    v_need   integer := p_need;
-    v_n      integer;
-    v_wait   bigint;
-    v_got    uuid[];
-    v_cursor text;
-    v_prio   integer := -1000000;
-    v_p      integer;
-    v_k      text;
-    v_last   text;
-    g_key    text[];
-    g_quota  integer[];
-    g_taken  integer[];
-    v_active integer;
-    v_take   integer;
-    v_round  boolean;
+    l          job_limits%ROWTYPE;
+    v_need     integer := p_need;
+    v_n        integer;
+    v_wait     bigint;
+    v_got      uuid[];
+    v_cursor   text;
+    v_prio     integer := -1000000;
+    v_p        integer;
+    v_k        text;
+    v_last     text;
+    v_seen     text;
+    v_examined integer;
+    v_kt       jsonb := '{}'; -- jobs taken per key, over the priorities
+    g_key      text[];
+    g_quota    integer[];
+    g_taken    integer[];
+    v_active   integer;
+    v_take     integer;
+    v_round    boolean;
+    v_nullq    integer;
 BEGIN
     ids := '{}';
-    slot := false;
     limited := 0;
     SELECT * INTO l FROM job_limits WHERE type = p_type;
     slot := l.concurrency IS NOT NULL OR l.key_concurrency IS NOT NULL;
@@ -150,15 +154,20 @@ BEGIN
             SELECT count(*) INTO l.running_bound
             FROM (SELECT 1 FROM jobs r WHERE r.state = 'running' AND r.type = p_type LIMIT l.concurrency) r;
         END IF;
-        v_n := l.concurrency - l.running_bound;
+        v_n := l.concurrency - l.running_bound; -- free slots (at least)
         IF v_n < v_need THEN
             -- Slots are short: none goes to a prefetch buffer.
             limited := CASE WHEN v_n < p_now THEN 2 ELSE 1 END;
-            v_need := least(v_n, p_now);
+            v_need := greatest(least(v_n, p_now), 0);
+        ELSIF p_now + (v_n - p_now) / 4 < v_need THEN
+            -- Room, but a buffer takes at most a quarter of the free slots
+            -- beyond the callers', so that other processes find some.
+            v_need := p_now + (v_n - p_now) / 4;
+            limited := 1;
         END IF;
     END IF;
     IF l.key_concurrency IS NOT NULL AND p_now < v_need THEN
-        v_need := p_now; -- keyed slots are not held in a prefetch buffer either
+        v_need := p_now; -- keyed slots are not held in a prefetch buffer
         limited := greatest(limited, 1);
     END IF;
     IF l.rate IS NOT NULL AND NOT l.rate_per_key AND v_need > 0 THEN
@@ -169,14 +178,11 @@ BEGIN
             wait_ms := v_wait;
         END IF;
     END IF;
-    IF v_need <= 0 THEN
-        IF l.concurrency IS NOT NULL THEN
-            UPDATE job_limits SET running_bound = l.running_bound WHERE type = p_type;
-        END IF;
-        RETURN;
-    END IF;
 
-    IF NOT EXISTS (SELECT 1 FROM jobs f WHERE f.state = 'available' AND f.concurrency_key IS NOT NULL AND f.type = p_type) THEN
+    IF v_need <= 0 THEN
+        NULL;
+    ELSIF NOT EXISTS (SELECT 1 FROM jobs f WHERE f.state = 'available' AND f.concurrency_key IS NOT NULL AND f.type = p_type)
+          AND NOT (l.rate IS NOT NULL AND l.rate_per_key) THEN
         -- No keys: first in, first out.
         SELECT coalesce(array_agg(n.id), '{}') INTO ids FROM (
             SELECT j.id FROM jobs j
@@ -184,6 +190,19 @@ BEGIN
             ORDER BY j.priority, j.run_at, j.id LIMIT v_need FOR UPDATE SKIP LOCKED) n;
     ELSE
         SELECT c.key INTO v_cursor FROM job_key_cursors c WHERE c.type = p_type;
+        -- Jobs without a key: one group, under the '' bucket of a per-key
+        -- rate.
+        v_nullq := v_need;
+        IF l.rate IS NOT NULL AND l.rate_per_key THEN
+            SELECT a.allowed, a.wait_ms INTO v_n, v_wait FROM rate_allowance(p_type, '', l.rate, l.rate_period_ms, l.burst) a;
+            IF v_n < v_nullq THEN
+                v_nullq := v_n;
+                IF EXISTS (SELECT 1 FROM jobs j WHERE j.state = 'available' AND j.concurrency_key IS NULL AND j.type = p_type) THEN
+                    limited := 2;
+                    wait_ms := least(wait_ms, v_wait);
+                END IF;
+            END IF;
+        END IF;
         LOOP -- priorities, most urgent first
             EXIT WHEN v_need <= 0;
             SELECT least(
@@ -194,32 +213,37 @@ BEGIN
             EXIT WHEN v_p IS NULL;
             v_prio := v_p;
             g_key := '{}'; g_quota := '{}'; g_taken := '{}';
-            -- The groups, in turn from the cursor; those a limit leaves
-            -- nothing to do not count towards the v_need groups visited.
+            -- The groups, in turn from the cursor; a key a limit leaves no
+            -- room does not count towards the v_need groups visited.
             v_active := 0;
+            v_examined := 0;
             v_k := coalesce(v_cursor, '');
             v_round := false; -- false: keys after the cursor; true: from the first
             LOOP
-                EXIT WHEN v_active >= v_need;
-                SELECT j.concurrency_key INTO v_k FROM jobs j
-                WHERE j.state = 'available' AND j.concurrency_key IS NOT NULL AND j.type = p_type
-                  AND j.priority = v_prio AND j.concurrency_key > v_k
-                ORDER BY j.concurrency_key LIMIT 1;
-                IF NOT FOUND OR (v_round AND v_cursor IS NOT NULL AND v_k > v_cursor) THEN
+                EXIT WHEN v_active >= v_need OR v_examined >= 256;
+                v_k := (SELECT j.concurrency_key FROM jobs j
+                        WHERE j.state = 'available' AND j.concurrency_key IS NOT NULL AND j.type = p_type
+                          AND j.priority = v_prio AND j.concurrency_key > v_k AND j.run_at <= now() AND j.tags <@ p_tags
+                        ORDER BY j.concurrency_key LIMIT 1);
+                IF v_k IS NULL OR (v_round AND v_cursor IS NOT NULL AND v_k > v_cursor) THEN
                     EXIT WHEN v_round OR v_cursor IS NULL;
                     -- The jobs without a key, then the keys from the first.
-                    IF EXISTS (SELECT 1 FROM jobs j WHERE j.state = 'available' AND j.concurrency_key IS NULL
+                    IF v_nullq > 0 AND EXISTS (SELECT 1 FROM jobs j WHERE j.state = 'available' AND j.concurrency_key IS NULL
                                AND j.type = p_type AND j.priority = v_prio) THEN
-                        g_key := g_key || NULL::text; g_quota := g_quota || v_need; g_taken := g_taken || 0;
+                        g_key := g_key || NULL::text; g_quota := g_quota || v_nullq; g_taken := g_taken || 0;
                         v_active := v_active + 1;
                     END IF;
                     v_round := true;
                     v_k := '';
                     CONTINUE;
                 END IF;
+                v_examined := v_examined + 1;
+                v_seen := v_k;
                 v_n := v_need;
                 IF l.key_concurrency IS NOT NULL THEN
-                    SELECT least(v_n, l.key_concurrency - count(*)) INTO v_n FROM (
+                    -- Running, and taken at a more urgent priority by this
+                    -- claim.
+                    SELECT least(v_n, l.key_concurrency - count(*) - coalesce((v_kt ->> v_k)::integer, 0)) INTO v_n FROM (
                         SELECT 1 FROM jobs r WHERE r.state = 'running' AND r.type = p_type AND r.concurrency_key = v_k
                         LIMIT l.key_concurrency) r;
                 END IF;
@@ -239,11 +263,11 @@ BEGIN
                 g_key := g_key || v_k; g_quota := g_quota || v_n; g_taken := g_taken || 0;
                 v_active := v_active + 1;
             END LOOP;
-            IF v_cursor IS NULL AND v_active < v_need
+            IF v_cursor IS NULL AND v_active < v_need AND v_nullq > 0
                AND EXISTS (SELECT 1 FROM jobs j WHERE j.state = 'available' AND j.concurrency_key IS NULL
                            AND j.type = p_type AND j.priority = v_prio) THEN
                 -- No cursor yet: the jobs without a key come last.
-                g_key := g_key || NULL::text; g_quota := g_quota || v_need; g_taken := g_taken || 0;
+                g_key := g_key || NULL::text; g_quota := g_quota || v_nullq; g_taken := g_taken || 0;
                 v_active := v_active + 1;
             END IF;
             -- Rounds: one job a group, or the rest from the last group.
@@ -286,12 +310,22 @@ BEGIN
                 END LOOP;
                 EXIT WHEN NOT v_round OR v_need <= 0 OR v_active <= 0;
             END LOOP;
-            IF l.rate IS NOT NULL AND l.rate_per_key THEN
-                FOR i IN 1 .. coalesce(cardinality(g_key), 0) LOOP
-                    IF g_key[i] IS NOT NULL AND g_taken[i] > 0 THEN
+            FOR i IN 1 .. coalesce(cardinality(g_key), 0) LOOP
+                CONTINUE WHEN g_taken[i] = 0;
+                IF g_key[i] IS NULL THEN
+                    v_nullq := v_nullq - g_taken[i];
+                    IF l.rate IS NOT NULL AND l.rate_per_key THEN
+                        PERFORM rate_charge(p_type, '', l.rate, l.rate_period_ms, g_taken[i]);
+                    END IF;
+                ELSE
+                    v_kt := v_kt || jsonb_build_object(g_key[i], coalesce((v_kt ->> g_key[i])::integer, 0) + g_taken[i]);
+                    IF l.rate IS NOT NULL AND l.rate_per_key THEN
                         PERFORM rate_charge(p_type, g_key[i], l.rate, l.rate_period_ms, g_taken[i]);
                     END IF;
-                END LOOP;
+                END IF;
+            END LOOP;
+            IF v_last IS NULL AND v_examined >= 256 THEN
+                v_last := v_seen; -- the next claim goes on from there
             END IF;
         END LOOP;
         IF v_last IS NOT NULL THEN
@@ -309,12 +343,18 @@ END
 $$;
 
 -- The claim, with flow control. p_now: how many of the p_k jobs callers
--- wait for now (the rest fill a prefetch buffer). When none of the types
--- has a limit and no job with a concurrency key waits, it is the claim of
--- version 6 (two probes of empty ranges more). Otherwise each such type
--- goes through claim_type under its advisory lock (all taken first, in
--- type order, so two claims never wait on each other in a cycle), the
--- types in turn from a random one so that none starves the others.
+-- wait for now (the rest fill a prefetch buffer).
+--
+-- Locks: every claim takes, for each of its types in lock-key order, the
+-- type's limit lock shared; SetLimit and RemoveLimit take it exclusive,
+-- so a limit set is seen by every claim that did not finish before it.
+-- When none of the types has a limit and no job with a concurrency key
+-- waits, the claim is the claim of version 6 (plus those locks and two
+-- probes of empty ranges). Otherwise each such type goes through
+-- claim_type under its claim lock, taken exclusive (after all the limit
+-- locks, in lock-key order: no two claims wait on each other in a
+-- cycle), the types in turn from a random one so that none starves the
+-- others.
 --
 -- Returns, besides the jobs: next_ms, when a rate limit held jobs back,
 -- in how long it allows the next start; limited as claim_type's (0, 1, 2),
@@ -333,6 +373,7 @@ DECLARE
     v_skipped boolean;
     v_limited smallint := 0;
     v_next    bigint;
+    v_types   text[];
     v_flow    text[];
     v_slots   text[] := '{}';
     v_start   integer;
@@ -349,6 +390,9 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+    v_types := ARRAY(SELECT d.t FROM (SELECT DISTINCT t FROM unnest(p_types) AS t) d ORDER BY hashtext(d.t), d.t);
+    PERFORM pg_advisory_xact_lock_shared(hashtext(current_schema() || '.job_limits'), hashtext(t))
+    FROM unnest(v_types) WITH ORDINALITY AS u(t, i) ORDER BY u.i;
     IF NOT EXISTS (SELECT 1 FROM job_limits l WHERE l.type = ANY(p_types))
        AND NOT EXISTS (SELECT 1 FROM jobs f WHERE f.state = 'available' AND f.concurrency_key IS NOT NULL AND f.type = ANY(p_types)) THEN
         IF cardinality(p_types) = 1 THEN
@@ -365,10 +409,9 @@ BEGIN
                 ORDER BY l.priority, l.run_at, l.id LIMIT p_k) c;
         END IF;
     ELSE
-        v_flow := ARRAY(SELECT DISTINCT t FROM unnest(p_types) AS t ORDER BY t);
-        FOREACH v_t IN ARRAY v_flow LOOP
-            PERFORM pg_advisory_xact_lock(hashtext(current_schema() || '.job_limits'), hashtext(v_t));
-        END LOOP;
+        v_flow := v_types;
+        PERFORM pg_advisory_xact_lock(hashtext(current_schema() || '.job_claims'), hashtext(t))
+        FROM unnest(v_flow) WITH ORDINALITY AS u(t, i) ORDER BY u.i;
         v_ids := '{}';
         v_start := floor(random() * cardinality(v_flow))::integer;
         FOR i IN 0 .. cardinality(v_flow) - 1 LOOP

@@ -29,26 +29,46 @@ func nullInt(n int64) *int64 {
 	return &n
 }
 
-// SetLimit writes the limits of a type, replacing any it had.
+// lockLimit takes the type's limit lock (exclusive) in tx: claims hold it
+// shared, so once the change commits, every claim that had not finished
+// has, and every later claim sees it.
+func (s *Store) lockLimit(ctx context.Context, tx pgx.Tx, typ string) error {
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1), hashtext($2))`, Mode, s.schema+".job_limits", typ)
+	return err
+}
+
+// SetLimit writes the limits of a type, replacing any it had. The bound on
+// its running jobs is forgotten: the next claim counts them.
 func (s *Store) SetLimit(ctx context.Context, l LimitRow) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.limitsTable()+` AS l
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.lockLimit(ctx, tx, l.Type); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+s.limitsTable()+` AS l
 	(type, concurrency, key_concurrency, rate, rate_period_ms, burst, rate_per_key, updated_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, now())
 ON CONFLICT (type) DO UPDATE SET concurrency = EXCLUDED.concurrency, key_concurrency = EXCLUDED.key_concurrency,
 	rate = EXCLUDED.rate, rate_period_ms = EXCLUDED.rate_period_ms, burst = EXCLUDED.burst,
-	rate_per_key = EXCLUDED.rate_per_key, updated_at = now()`, Mode,
-		l.Type, nullInt(int64(l.Concurrency)), nullInt(int64(l.KeyConcurrency)), nullInt(int64(l.Rate)),
-		nullInt(l.Per.Milliseconds()), nullInt(int64(l.Burst)), l.RatePerKey)
-	return err
+	rate_per_key = EXCLUDED.rate_per_key, updated_at = now(), running_bound = DEFAULT`, Mode,
+			l.Type, nullInt(int64(l.Concurrency)), nullInt(int64(l.KeyConcurrency)), nullInt(int64(l.Rate)),
+			nullInt(l.Per.Milliseconds()), nullInt(int64(l.Burst)), l.RatePerKey)
+		return err
+	})
 }
 
 // RemoveLimit deletes the limits of a type and its rate state, and reports
 // whether it had limits.
 func (s *Store) RemoveLimit(ctx context.Context, typ string) (bool, error) {
 	var n int64
-	err := s.pool.QueryRow(ctx, `WITH d AS (DELETE FROM `+s.limitsTable()+` WHERE type = $1 RETURNING 1),
-r AS (DELETE FROM `+pgx.Identifier{s.schema, "job_rates"}.Sanitize()+` WHERE type = $1)
-SELECT count(*) FROM d`, Mode, typ).Scan(&n)
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.lockLimit(ctx, tx, typ); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM `+pgx.Identifier{s.schema, "job_rates"}.Sanitize()+` WHERE type = $1`, Mode, typ); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `WITH d AS (DELETE FROM `+s.limitsTable()+` WHERE type = $1 RETURNING 1) SELECT count(*) FROM d`, Mode, typ).Scan(&n)
+	})
 	return n > 0, err
 }
 
