@@ -17,7 +17,7 @@ import (
 // the ones that must finish or run; the others stay where they are put.
 const (
 	TypeOK       = "thumbnail.render" // completes
-	TypeFail     = "invoice.charge"   // fails permanently
+	TypeFail     = "invoice.charge"   // fails permanently, completes once retried
 	TypeSlow     = "video.transcode"  // runs until released
 	TypePausable = "report.build"     // completes; the scenario pauses it
 	TypeEmail    = "email.send"       // never worked: stays available
@@ -53,7 +53,8 @@ type Jobs struct {
 }
 
 // Handler works the seeded types: TypeOK and TypePausable complete,
-// TypeFail and XSSType fail permanently, TypeSlow runs until its context
+// TypeFail fails permanently on its first attempt and completes when
+// retried, XSSType fails permanently, TypeSlow runs until its context
 // ends or release is closed.
 func Handler(release <-chan struct{}) backlog.Handler {
 	return backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
@@ -61,6 +62,9 @@ func Handler(release <-chan struct{}) backlog.Handler {
 		case TypeOK, TypePausable:
 			return job.SetResult(map[string]any{"pixels": 1024, "ok": true})
 		case TypeFail:
+			if job.Attempt > 1 {
+				return nil // a retry succeeds
+			}
 			return backlog.Permanent(errors.New("card declined: insufficient funds\n\tat billing.Charge (billing.go:42)\n\tat main.handler (main.go:17)"))
 		case XSSType:
 			return backlog.Permanent(errors.New(XSSError))
@@ -99,6 +103,7 @@ func Enqueue(ctx context.Context, q *backlog.Queue, n int) (*Jobs, error) {
 			backlog.Tags{"tenant": "acme"})
 		add(&j.Scheduled, TypeLater, map[string]any{"week": 48}, backlog.Delay(time.Hour))
 	}
+	add(&j.Completed, TypePausable, map[string]any{"report": "monthly"})
 	add(&j.Running, TypeSlow, map[string]any{"video": "launch.mp4"})
 	add(&j.XSS, XSSType, map[string]any{"html": XSSArg}, backlog.Tags{"x": XSSTag}, backlog.MaxAttempts(1))
 	var c []uuid.UUID
