@@ -169,10 +169,12 @@ func (h *handler) jobs(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, h.newView(w, r, "jobs", "Jobs", d))
 }
 
-// countCap bounds the count a bulk confirmation shows: counting reads
-// every matching job, a page at a time.
+// A bulk confirmation counts the matching jobs a page at a time, and stops
+// at countCap jobs or once countBudget has passed, showing "at least n":
+// the page stays fast however many jobs match.
 const (
 	countCap     = 10_000
+	countBudget  = 40 * time.Millisecond
 	countTimeout = 2 * time.Second
 )
 
@@ -244,14 +246,15 @@ func bulkFilter(f backlog.Filter, action string) backlog.Filter {
 	return f
 }
 
-// count counts the jobs f selects, up to countCap or countTimeout.
-func (h *handler) count(ctx context.Context, f backlog.Filter) (int, bool, error) {
+// count counts the jobs f selects, up to countCap or countBudget; atLeast
+// reports that it stopped before the end.
+func (h *handler) count(ctx context.Context, f backlog.Filter) (n int, atLeast bool, err error) {
 	if len(f.States) == 0 {
 		return 0, false, nil
 	}
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, countTimeout)
 	defer cancel()
-	n := 0
 	opts := backlog.ListOptions{Limit: backlog.MaxListLimit}
 	for {
 		page, err := h.q.List(ctx, f, opts)
@@ -265,7 +268,7 @@ func (h *handler) count(ctx context.Context, f backlog.Filter) (int, bool, error
 		if page.Next == "" {
 			return n, false, nil
 		}
-		if n >= countCap {
+		if n >= countCap || time.Since(start) > countBudget {
 			return n, true, nil
 		}
 		opts.Cursor = page.Next

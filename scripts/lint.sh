@@ -26,4 +26,9 @@ echo "==> staticcheck (tools/go.mod) ./..." >&2
 staticcheck=$(cd tools && go tool -n staticcheck)
 "$staticcheck" ./...
 
+# The dashboard's browser tests are a module of their own (so the library
+# never depends on chromedp): vet and staticcheck them too.
+echo "==> go vet + staticcheck (backlogui/browsertest) ./..." >&2
+(cd backlogui/browsertest && go vet ./... && "$staticcheck" ./...)
+
 echo "lint: ok" >&2
