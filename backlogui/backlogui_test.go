@@ -82,6 +82,18 @@ func newUI(t *testing.T, opts ...backlogui.Option) *ui {
 	for _, id := range jobs.Completed {
 		waitState(t, q, id, backlog.StateCompleted)
 	}
+	// Cancelled jobs are counted once maintenance has moved them to the
+	// history.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := q.Stats(ctx)
+		require.NoError(t, err)
+		if st.ByState[backlog.StateCancelled] == 1 {
+			break
+		}
+		require.False(t, time.Now().After(deadline), "the cancelled job is not counted after 10s")
+		<-time.After(20 * time.Millisecond)
+	}
 	opts = append([]backlogui.Option{backlogui.WithLogger(quiet())}, opts...)
 	u.srv = httptest.NewServer(backlogui.NewHandler(q, opts...))
 	t.Cleanup(u.srv.Close)

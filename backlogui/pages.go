@@ -73,8 +73,10 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	d := &overviewData{OldestAvailable: st.OldestAvailable, Day: day, OldTx: st.OldestTransaction,
-		Chart: buildChart(series, start, n, step)}
+	d := &overviewData{OldestAvailable: st.OldestAvailable, Day: day, Chart: buildChart(series, start, n, step)}
+	if tx := st.OldestTransaction; tx != nil && tx.Age >= backlog.OldTransactionWarning {
+		d.OldTx = tx
+	}
 	for _, s := range allStates {
 		sc := stateCount{State: s, Count: st.ByState[s]}
 		if s.Terminal() {

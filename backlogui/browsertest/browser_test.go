@@ -100,6 +100,11 @@ func newEnv(t *testing.T) *env {
 	for _, id := range jobs.Completed {
 		e.waitState(id, backlog.StateCompleted)
 	}
+	e.poll("the cancelled job to be counted (once moved to the history)", func() bool {
+		st, err := q.Stats(ctx)
+		must(t, err)
+		return st.ByState[backlog.StateCancelled] == 1
+	})
 	srv := httptest.NewServer(backlogui.NewHandler(q, backlogui.WithLogger(quiet()), backlogui.WithRefreshInterval(500*time.Millisecond)))
 	t.Cleanup(srv.Close)
 	e.url = srv.URL
