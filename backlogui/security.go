@@ -104,8 +104,12 @@ func (h *handler) action(fn func(w http.ResponseWriter, r *http.Request) error) 
 	}
 }
 
+// maxFlash bounds a flash message (a cookie holds about 4 KB).
+const maxFlash = 1000
+
 // flash remembers a message for the next page the browser shows.
 func (h *handler) flash(w http.ResponseWriter, kind, text string) {
+	text = trunc(maxFlash, text)
 	http.SetCookie(w, &http.Cookie{Name: flashCookie, Value: url.QueryEscape(kind + "|" + text), Path: h.cookiePath(),
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: 60})
 }
