@@ -14,7 +14,7 @@ import (
 // The dashboard mounted under /admin/queue/ of an application's own mux,
 // behind its own authentication, with actions only for on-call engineers.
 func ExampleNewHandler() {
-	var q *backlog.Queue // your queue (backlog.New)
+	var q *backlog.Queue                                           // your queue (backlog.New)
 	requireLogin := func(h http.Handler) http.Handler { return h } // your authentication middleware
 	isOnCall := func(r *http.Request) bool { return r.Header.Get("X-On-Call") == "yes" }
 
