@@ -22,6 +22,7 @@ import (
 	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 	"github.com/google/uuid"
 
 	"github.com/backlogq/backlog"
@@ -289,6 +290,7 @@ func TestDashboard(t *testing.T) {
 	t.Run("job detail with dependency graph", e.jobGraph)
 	t.Run("pause a type", e.pauseType)
 	t.Run("XSS payloads render as text", e.xss)
+	t.Run("keyboard navigation", e.keyboard)
 	t.Run("screenshots of every page", e.screenshots)
 	t.Run("no console errors", func(*testing.T) { e.noConsoleErrors() })
 }
@@ -451,5 +453,32 @@ func (e *env) screenshots(t *testing.T) {
 	e.open("/")
 	if w := eval[int](e, `document.documentElement.scrollWidth`); w > 1280 {
 		t.Errorf("the overview is %dpx wide at 1280px", w)
+	}
+}
+
+// keyboard walks a page with the keyboard alone: the first Tab reaches the
+// skip link, Enter on it moves to the content, and further Tabs reach the
+// filter form and a job's link.
+func (e *env) keyboard(t *testing.T) {
+	e.open("/jobs?state=failed")
+	e.run(chromedp.KeyEvent(kb.Tab))
+	if c := eval[string](e, `document.activeElement.className`); c != "skip" {
+		t.Fatalf("the first Tab reached %q, not the skip link", c)
+	}
+	e.run(chromedp.KeyEvent(kb.Enter))
+	if id := eval[string](e, `document.activeElement.id`); id != "main" {
+		t.Errorf("the skip link moved the focus to %q, not main", id)
+	}
+	// Tab until a job's link has the focus, then follow it with Enter.
+	for i := 0; i < 60 && !eval[bool](e, `document.activeElement.matches('#live td.mono a')`); i++ {
+		e.run(chromedp.KeyEvent(kb.Tab))
+	}
+	href := eval[string](e, `document.activeElement.getAttribute('href') || ''`)
+	if !strings.Contains(href, "/jobs/") {
+		t.Fatalf("Tab never reached a job's link (focus on %q)", href)
+	}
+	e.run(chromedp.KeyEvent(kb.Enter), chromedp.WaitVisible(chromedp.CSS(`section[aria-labelledby="att-h"]`)))
+	if loc := eval[string](e, `location.pathname`); loc != href {
+		t.Errorf("Enter on the link opened %q, not %q", loc, href)
 	}
 }
