@@ -221,6 +221,7 @@ func TestPagesRender(t *testing.T) {
 	require.Contains(t, u.page("/jobs/"+u.jobs.Completed[0].String()), `&#34;pixels&#34;: 1024`)
 
 	types := u.page("/types")
+	require.Contains(t, types, `<tr data-type="`+seed.TypePausable+`">`)
 	require.Regexp(t, `newsletter.send(.|\n)*?value="resume"`, types)
 	require.Contains(t, u.page("/schedules"), seed.Schedule)
 	procs := u.page("/processes")

@@ -346,6 +346,22 @@ func (h *handler) types(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	// Types that live workers take but that have no jobs yet can be paused
+	// too.
+	procs, err := h.q.Processes(ctx)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	for _, p := range procs {
+		for _, wk := range p.Works {
+			for _, t := range wk.Types {
+				if st.ByType[t] == nil {
+					st.ByType[t] = map[backlog.State]int64{}
+				}
+			}
+		}
+	}
 	h.render(w, r, h.newView(w, r, "types", "Types", &typesData{Types: typeRows(st, hour, paused)}))
 }
 
