@@ -55,6 +55,7 @@ type config struct {
 	authorize func(*http.Request, string) error
 	logger    *slog.Logger
 	poll      time.Duration
+	origins   []string
 }
 
 // WithBasePath sets the path prefix the handler is mounted under (e.g.
@@ -92,6 +93,14 @@ func WithRefreshInterval(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.poll = d })
 }
 
+// WithTrustedOrigins lets actions come from these origins
+// ("https://ops.example.com") although they differ from the request's
+// Host, as behind a proxy that rewrites it. An origin that does not parse
+// makes NewHandler panic. Defaults to none: actions must be same-origin.
+func WithTrustedOrigins(origins ...string) Option {
+	return optionFunc(func(c *config) { c.origins = append(c.origins, origins...) })
+}
+
 // DefaultRefreshInterval is how often open pages refresh by default.
 const DefaultRefreshInterval = 2 * time.Second
 
@@ -125,6 +134,11 @@ func NewHandler(q *backlog.Queue, opts ...Option) http.Handler {
 	}
 	h := &handler{q: q, cfg: cfg, mux: http.NewServeMux(), pages: mustParsePages(), cop: http.NewCrossOriginProtection()}
 	_, _ = rand.Read(h.secret[:]) // never fails (crypto/rand panics instead)
+	for _, o := range cfg.origins {
+		if err := h.cop.AddTrustedOrigin(o); err != nil {
+			panic("backlogui: WithTrustedOrigins: " + err.Error())
+		}
+	}
 	static, _ := fs.Sub(assetsFS, "assets")
 	files := http.FileServerFS(static)
 	h.mux.Handle("GET /assets/", http.StripPrefix("/assets", cacheFor(time.Hour, files)))

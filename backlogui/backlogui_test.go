@@ -97,9 +97,14 @@ func newUI(t *testing.T, opts ...backlogui.Option) *ui {
 	opts = append([]backlogui.Option{backlogui.WithLogger(quiet())}, opts...)
 	u.srv = httptest.NewServer(backlogui.NewHandler(q, opts...))
 	t.Cleanup(u.srv.Close)
-	jar, _ := cookiejar.New(nil)
-	u.client = &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	u.client = newClient()
 	return u
+}
+
+// newClient is a browser-like client: cookies kept, redirects not followed.
+func newClient() *http.Client {
+	jar, _ := cookiejar.New(nil)
+	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
 func waitState(t *testing.T, q *backlog.Queue, id uuid.UUID, want backlog.State) {
@@ -455,6 +460,16 @@ func TestCSRFRejected(t *testing.T) {
 	status, _ = u.get("/jobs/action?action=retry&id=" + u.jobs.Failed[0].String())
 	require.Equal(t, http.StatusBadRequest, status) // "action" is not a job ID
 	require.Equal(t, backlog.StateFailed, u.state(u.jobs.Failed[0]))
+
+	// A trusted origin (a proxy's) works.
+	trusted := httptest.NewServer(backlogui.NewHandler(u.q, backlogui.WithLogger(quiet()),
+		backlogui.WithTrustedOrigins("https://ops.example.com")))
+	defer trusted.Close()
+	tu := &ui{t: t, q: u.q, jobs: u.jobs, srv: trusted, client: newClient()}
+	f2 := url.Values{"action": {"cancel"}, "id": {u.jobs.Available[0].String()}, "csrf": {tu.csrf()}}
+	status, _, body = tu.post("/jobs/action", f2, "Origin", "https://ops.example.com", "Sec-Fetch-Site", "cross-site")
+	require.Equal(t, http.StatusSeeOther, status, body)
+	require.Equal(t, backlog.StateCancelled, u.state(u.jobs.Available[0]))
 
 	// Same-origin with the token works.
 	status, _, body = u.post("/jobs/action", f, "Origin", u.srv.URL, "Sec-Fetch-Site", "same-origin")
