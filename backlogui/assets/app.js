@@ -82,6 +82,10 @@
       .then(function () { busy = false; });
   }
 
+  // On a phone, an unfiltered jobs page starts with its filters folded.
+  var filters = document.getElementById("filters");
+  if (filters && !location.search && window.matchMedia("(max-width: 760px)").matches) filters.open = false;
+
   times(document);
   selectAll();
   if (live) {
