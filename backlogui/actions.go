@@ -90,7 +90,8 @@ func (h *handler) bulkAction(w http.ResponseWriter, r *http.Request) error {
 	}
 	f := bulkFilter(q.filter, action)
 	if len(f.States) == 0 {
-		return badRequest("No job in the filter's states can be " + action + "ed.")
+		return badRequest("No job in the filter's states can be " + map[string]string{"retry": "retried", "cancel": "cancelled",
+			"delete": "deleted"}[action] + ".")
 	}
 	var n int
 	switch action {

@@ -501,6 +501,9 @@ func TestBadParams(t *testing.T) {
 	}
 	status, _, _ = u.act("/jobs/bulk", url.Values{"action": {"retry"}, "filter": {"state=bogus"}})
 	require.Equal(t, http.StatusBadRequest, status)
+	status, _, body := u.act("/jobs/bulk", url.Values{"action": {"retry"}, "filter": {"state=running"}})
+	require.Equal(t, http.StatusBadRequest, status)
+	require.Contains(t, body, "can be retried")
 	status, _, _ = u.act("/types/action", url.Values{"action": {"pause"}})
 	require.Equal(t, http.StatusBadRequest, status)
 }
