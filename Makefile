@@ -7,22 +7,28 @@
 GO ?= go
 export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 
-.PHONY: test test-short lint demo bench bench-quick soak measure test-faults
+.PHONY: test test-short lint demo cli bench bench-quick soak measure test-faults
 
 test: lint
 	scripts/with-db.sh $(GO) test -race -count=1 -timeout 8m ./...
+	cd cmd/backlog && ../../scripts/with-db.sh $(GO) test -race -count=1 -timeout 5m ./...
 ifneq ($(BACKLOG_FAULTS),1)
 	@echo "note: faults/ was compiled but its scenarios were SKIPPED (BACKLOG_FAULTS is not 1); run make test-faults"
 endif
 
 test-short:
 	scripts/with-db.sh $(GO) test -race -count=1 -short ./...
+	cd cmd/backlog && ../../scripts/with-db.sh $(GO) test -race -count=1 -short ./...
 
 lint:
 	scripts/lint.sh
 
 demo:
 	scripts/with-db.sh $(GO) run ./examples/quickstart
+
+# The backlog command (cmd/backlog, its own module) into bin/backlog.
+cli:
+	cd cmd/backlog && $(GO) build -o ../../bin/backlog .
 
 # Benchmarks (bench/ is its own module, so the library never depends on River):
 #   make bench        full run: backlog vs River (default and tuned) vs a raw-SQL floor (about 13 minutes)

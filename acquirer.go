@@ -8,14 +8,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/backlogq/backlog/internal/store"
 	"github.com/cenkalti/backoff/v4"
 )
 
 // acquirerStore is the one thing the Acquirer needs from the database
 // (the claimer).
 type acquirerStore interface {
-	// claim takes up to k due jobs for the domain under fresh leases.
-	claim(ctx context.Context, d *domainSpec, k int) (claimResult, error)
+	// claim takes up to k due jobs for the domain under fresh leases, now
+	// of them for acquirees waiting now (the rest fill the prefetch
+	// buffer).
+	claim(ctx context.Context, d *domainSpec, k, now int) (claimResult, error)
 	// release gives back jobs that were claimed but that no acquiree took.
 	release(jobs []*Job)
 }
@@ -27,6 +30,11 @@ type claimResult struct {
 	// exist that were locked by another transaction. The domain must not
 	// park on them: it queries again shortly.
 	skipped bool
+	// limited: a limit (flow control) held back jobs of the domain.
+	limited store.Limited
+	// next, when a rate limit held jobs back: when it allows the next
+	// start.
+	next time.Duration
 }
 
 // acquirer hands claimed jobs to workers ("acquirees").
@@ -263,13 +271,13 @@ func (a *acquirer) claimLoop(d *domain) {
 	defer a.wg.Done()
 	for {
 		a.mu.Lock()
-		k := 0
+		wanted := 0
 		for _, w := range d.waiters {
 			if !w.gone {
-				k++
+				wanted++
 			}
 		}
-		k += d.deficitLocked()
+		k := wanted + d.deficitLocked()
 		if k == 0 || a.closed {
 			d.answerGoneLocked()
 			a.endClaimLocked(d)
@@ -282,7 +290,7 @@ func (a *acquirer) claimLoop(d *domain) {
 		d.startClaimLocked(started, len(d.waiters))
 		a.mu.Unlock()
 
-		res, err := a.store.claim(a.ctx, d.spec, k)
+		res, err := a.store.claim(a.ctx, d.spec, k, wanted)
 		jobs := res.jobs
 		if err == nil && len(jobs) > k {
 			// Broken invariant: keep what was asked for, give the rest back.
@@ -331,6 +339,24 @@ func (a *acquirer) claimLoop(d *domain) {
 			return
 		case len(jobs) == k || d.pending:
 			// A full batch (there may be more), or woken meanwhile: go again.
+			d.errs.Reset()
+			d.skips.Reset()
+			a.mu.Unlock()
+			a.store.release(surplus)
+			continue
+		case res.limited == store.LimitedWait && res.next > 0:
+			// A rate limit: its next start is due in res.next.
+			d.errs.Reset()
+			d.skips.Reset()
+			a.endClaimLocked(d)
+			a.retryLocked(d, res.next)
+			a.gcLocked(d)
+			a.mu.Unlock()
+			a.store.release(surplus)
+			return
+		case res.limited == store.LimitedDemand && len(d.waiters) > 0:
+			// Jobs beyond the acquirees counted were held back (limited
+			// types are not prefetched), and acquirees came meanwhile.
 			d.errs.Reset()
 			d.skips.Reset()
 			a.mu.Unlock()

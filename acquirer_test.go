@@ -53,7 +53,7 @@ func (f *fakeStore) add(typ string, tags map[string]string, in time.Duration) *J
 	return j
 }
 
-func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k int) (claimResult, error) {
+func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k, _ int) (claimResult, error) {
 	f.mu.Lock()
 	if f.inFlight[d.key] {
 		f.overlap = append(f.overlap, d.key)

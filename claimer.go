@@ -24,14 +24,14 @@ type claimer struct {
 // claim takes up to k due jobs of the domain under fresh leases. A claim
 // that takes longer than a lease is abandoned: its jobs would be expired by
 // the time it returned.
-func (c *claimer) claim(ctx context.Context, d *domainSpec, k int) (claimResult, error) {
+func (c *claimer) claim(ctx context.Context, d *domainSpec, k, now int) (claimResult, error) {
 	if err := c.comp.admit(ctx); err != nil {
 		return claimResult{}, err
 	}
 	sentAt := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, c.lease)
 	defer cancel()
-	res, err := c.store.Claim(ctx, d.types, d.tagsJ, k, c.lease, c.worker)
+	res, err := c.store.Claim(ctx, d.types, d.tagsJ, k, now, c.lease, c.worker)
 	if err != nil {
 		return claimResult{}, fmt.Errorf("claiming jobs: %w", err)
 	}
@@ -45,9 +45,9 @@ func (c *claimer) claim(ctx context.Context, d *domainSpec, k int) (claimResult,
 	for i, r := range res.Jobs {
 		jobs[i] = &Job{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, Attempt: r.Attempt,
 			MaxAttempts: r.MaxAttempts, Priority: r.Priority, Timeout: r.Timeout, CreatedAt: r.CreatedAt,
-			RunAt: r.RunAt, token: r.Token, lease: held[i], waited: r.Waited}
+			RunAt: r.RunAt, token: r.Token, lease: held[i], waited: r.Waited, slot: r.Slot}
 	}
-	return claimResult{jobs: jobs, skipped: res.Skipped}, nil
+	return claimResult{jobs: jobs, skipped: res.Skipped, limited: res.Limited, next: res.Next}, nil
 }
 
 // release gives jobs back at once, keeping their place (run_at), without

@@ -263,6 +263,9 @@ func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, mode writeM
 			case StateScheduled:
 				again = append(again, schedPosting(r.f.Delay))
 			}
+			if r.job != nil && r.job.slot {
+				again = append(again, slotPosting(r.job))
+			}
 			c.settle(r, true)
 		case store.Busy:
 			c.busy(r)
@@ -307,7 +310,11 @@ func (c *completer) poison(ctx context.Context, r *finishReq, cause error) error
 	if written {
 		c.log.Error("backlog: a job's outcome could not be recorded; the job is failed", "job", r.f.ID, "type", r.job.Type, "err", cause)
 	}
-	c.announce.committed(postingsOf(res.Avail))
+	ps := postingsOf(res.Avail)
+	if written && r.job != nil && r.job.slot {
+		ps = append(ps, slotPosting(r.job))
+	}
+	c.announce.committed(ps)
 	c.settle(r, written)
 	return nil
 }
@@ -464,3 +471,8 @@ func (c *completer) writeSlow(ctx context.Context, r *finishReq) {
 func releaseOf(j *Job) store.Finish {
 	return store.Finish{ID: j.ID, Token: j.token, State: string(StateAvailable), AttemptDelta: -1, Delay: -1}
 }
+
+// slotPosting announces that j's finish freed a slot of its type's
+// concurrency limit: it wakes every domain of the type, whatever its tags,
+// in every process, so that a claim held back by the limit takes the slot.
+func slotPosting(j *Job) posting { return posting{Type: j.Type} }

@@ -45,6 +45,9 @@
 // (one at a time, in order, per key) and [UniqueKey] (at most one live job
 // per key). [Queue.EnqueueMany] inserts a batch in one statement. Bad input
 // returns an [*InputError] naming the field, and nothing is written.
+// Programs not written in Go enqueue with the SQL function enqueue() in the
+// queue's schema, which validates, writes and announces a job the same way
+// (README, "Enqueue from SQL").
 //
 // # Working
 //
@@ -63,4 +66,14 @@
 // [Queue.Processes] lists the live worker processes and their Work calls,
 // and [Queue.Schedules] the registered schedules with their last and next
 // plans, from any process. [Hooks] feed metrics and tracing.
+//
+// # Flow control
+//
+// [Queue.SetLimit] bounds a job type across every process: how many of its
+// jobs run at once, how many per [ConcurrencyKey] (a tenant, a customer),
+// and how many start per period (a token bucket, for the type or per key).
+// The claim statement enforces limits in the database, under a per-type
+// lock, so they are never exceeded, and a change applies to every process
+// at once. Jobs with concurrency keys are claimed round-robin across keys,
+// so one key's backlog does not hold up the others.
 package backlog

@@ -54,6 +54,7 @@ type Job struct {
 	token  uuid.UUID
 	lease  *heldLease
 	waited time.Duration // run_at → claim, database clock
+	slot   bool          // holds a slot of a concurrency limit: its finish announces it freed
 	mu     sync.Mutex
 	res    json.RawMessage
 	resE   error
@@ -110,6 +111,9 @@ type JobInfo struct {
 	RunAt       time.Time
 	StartedAt   *time.Time // start of the latest attempt
 	FinishedAt  *time.Time // when it reached a terminal state
+	// The job's keys ("" when it has none): OrderingKey, UniqueKey and
+	// ConcurrencyKey.
+	OrderingKey, UniqueKey, ConcurrencyKey string
 }
 
 // Err is nil when the job completed. Otherwise it says why not: for a

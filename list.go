@@ -37,6 +37,10 @@ type Filter struct {
 	// OrderingKey and UniqueKey: jobs with this key.
 	OrderingKey string
 	UniqueKey   string
+	// ConcurrencyKey: jobs with this concurrency key. Not indexed: it
+	// narrows what the other filters select (a page may come back short,
+	// with a cursor to go on).
+	ConcurrencyKey string
 	// ErrorContains: jobs whose last error contains this text (case
 	// insensitive).
 	ErrorContains string
@@ -142,6 +146,9 @@ func (f *Filter) query() (store.ListQuery, error) {
 	if err := validateKey("ordering key", f.OrderingKey); err != nil {
 		return lq, err
 	}
+	if err := validateKey("concurrency key", f.ConcurrencyKey); err != nil {
+		return lq, err
+	}
 	if err := validateKey("unique key", f.UniqueKey); err != nil {
 		return lq, err
 	}
@@ -149,6 +156,7 @@ func (f *Filter) query() (store.ListQuery, error) {
 		return lq, err
 	}
 	lq.OrderingKey, lq.UniqueKey, lq.ErrorContains = f.OrderingKey, f.UniqueKey, f.ErrorContains
+	lq.ConcurrencyKey = f.ConcurrencyKey
 	if !f.CreatedAfter.IsZero() && !f.CreatedBefore.IsZero() && !f.CreatedAfter.Before(f.CreatedBefore) {
 		return lq, invalid("created", "after (%s) must be before before (%s)", f.CreatedAfter, f.CreatedBefore)
 	}

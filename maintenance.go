@@ -382,6 +382,9 @@ func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {
 	if err != nil {
 		return total, classify(fmt.Errorf("removing dead processes: %w", err))
 	}
+	if _, err := m.store.CleanRates(ctx); err != nil {
+		return total, classify(fmt.Errorf("removing spent rate limit states: %w", err))
+	}
 	if total.Partitions > 0 || total.Jobs > 0 || total.PeriodicRuns > 0 || total.Processes > 0 {
 		m.log.Info("backlog: cleaner removed expired history", "partitions", total.Partitions, "jobs", total.Jobs,
 			"periodic_runs", total.PeriodicRuns, "processes", total.Processes, "batches", total.Batches, "more", total.MoreRemaining)

@@ -55,8 +55,11 @@ func TestListFiltersLiveAndFinishedJobs(t *testing.T) {
 		require.NoError(t, err)
 		done = append(done, id)
 	}
-	later, err := e.q.Enqueue(ctx, "ok", nil, backlog.Delay(time.Hour), backlog.UniqueKey("later"))
+	later, err := e.q.Enqueue(ctx, "ok", nil, backlog.Delay(time.Hour), backlog.UniqueKey("later"), backlog.ConcurrencyKey("tenant:7"))
 	require.NoError(t, err)
+	keyed, err := e.q.Enqueue(ctx, "bad", nil, backlog.OrderingKey("chain"), backlog.ConcurrencyKey("tenant:7"))
+	require.NoError(t, err)
+	done = append(done, keyed)
 	for _, id := range done {
 		e.waitJob(id, 10*time.Second, func(i *backlog.JobInfo) bool { return i.State.Terminal() })
 	}
@@ -68,26 +71,42 @@ func TestListFiltersLiveAndFinishedJobs(t *testing.T) {
 		return out
 	}
 	all := listAll(t, e.q, backlog.Filter{}, backlog.ListOptions{Limit: 7})
-	require.Len(t, all, 31)
+	require.Len(t, all, 32)
 	require.Equal(t, later, all[0].ID, "newest first: live jobs, then finished ones")
 	oldest := listAll(t, e.q, backlog.Filter{}, backlog.ListOptions{Limit: 7, Oldest: true})
 	require.ElementsMatch(t, ids(all), ids(oldest))
 	require.Equal(t, later, oldest[len(oldest)-1].ID, "oldest first: finished jobs, then live ones")
 
 	failed := listAll(t, e.q, backlog.Filter{States: []backlog.State{backlog.StateFailed}}, backlog.ListOptions{})
-	require.Len(t, failed, 10)
+	require.Len(t, failed, 11)
 	for _, j := range failed {
 		require.Equal(t, "bad", j.Type)
 	}
 	// Text with LIKE's wildcards is matched as text.
-	require.Len(t, listAll(t, e.q, backlog.Filter{ErrorContains: "100% full_"}, backlog.ListOptions{}), 10)
+	require.Len(t, listAll(t, e.q, backlog.Filter{ErrorContains: "100% full_"}, backlog.ListOptions{}), 11)
 	require.Empty(t, listAll(t, e.q, backlog.Filter{ErrorContains: "100%_full"}, backlog.ListOptions{}))
 	require.Len(t, listAll(t, e.q, backlog.Filter{Types: []string{"ok"}, Tags: backlog.Tags{"n": "1"}}, backlog.ListOptions{}), 10)
 	require.Equal(t, []uuid.UUID{later}, ids(listAll(t, e.q, backlog.Filter{UniqueKey: "later"}, backlog.ListOptions{})))
 	require.Equal(t, []uuid.UUID{done[4]}, ids(listAll(t, e.q, backlog.Filter{IDs: []uuid.UUID{done[4], uuid.New()}}, backlog.ListOptions{})))
 	// Input that looks like SQL is data.
 	require.Empty(t, listAll(t, e.q, backlog.Filter{Types: []string{"'; DROP TABLE jobs; --"}, Tags: backlog.Tags{`k"'`: `v'"`}}, backlog.ListOptions{}))
-	require.Len(t, listAll(t, e.q, backlog.Filter{}, backlog.ListOptions{}), 31)
+	require.Len(t, listAll(t, e.q, backlog.Filter{}, backlog.ListOptions{}), 32)
+	// Keys: shown, and the concurrency key filters live and finished jobs.
+	tenant := listAll(t, e.q, backlog.Filter{ConcurrencyKey: "tenant:7"}, backlog.ListOptions{})
+	require.ElementsMatch(t, []uuid.UUID{later, keyed}, ids(tenant))
+	for _, j := range tenant {
+		require.Equal(t, "tenant:7", j.ConcurrencyKey)
+		if j.ID == later {
+			require.Equal(t, "later", j.UniqueKey)
+		} else {
+			require.Equal(t, "chain", j.OrderingKey)
+		}
+	}
+	info, err := e.q.Job(ctx, keyed)
+	require.NoError(t, err)
+	require.Equal(t, "chain", info.OrderingKey)
+	require.Equal(t, "tenant:7", info.ConcurrencyKey)
+	require.Equal(t, "", info.UniqueKey)
 
 	var ie *backlog.InputError
 	_, err = e.q.List(ctx, backlog.Filter{States: []backlog.State{"lost"}}, backlog.ListOptions{})

@@ -202,7 +202,8 @@ func WithHooks(h Hooks) Option { return queueOption(func(c *config) { c.hooks = 
 func WithRetryBackoff(b Backoff) Option { return queueOption(func(c *config) { c.backoff = b }) }
 
 // EnqueueOption configures one job at enqueue time: Tags, Priority, RunAt,
-// Delay, MaxAttempts, Timeout, DependsOn, OrderingKey, UniqueKey, and, for
+// Delay, MaxAttempts, Timeout, DependsOn, OrderingKey, UniqueKey,
+// ConcurrencyKey, and, for
 // periodic jobs only, CatchUp.
 type EnqueueOption interface{ applyEnqueue(*enqueueConfig) }
 
@@ -216,6 +217,7 @@ type enqueueConfig struct {
 	dependsOn   []uuid.UUID
 	orderingKey string
 	uniqueKey   string
+	concKey     string
 	catchUp     int // periodic jobs only
 }
 
@@ -290,6 +292,17 @@ func OrderingKey(key string) EnqueueOption {
 // is free again. At most 255 bytes, no NUL. Defaults to none.
 func UniqueKey(key string) EnqueueOption {
 	return enqueueFunc(func(c *enqueueConfig) { c.uniqueKey = key })
+}
+
+// ConcurrencyKey puts the job in a group for flow control (SetLimit): a
+// tenant, a customer, an account. A limit's KeyConcurrency and a per-key
+// Rate bound each key's jobs, and claims take keys in turn (round-robin
+// within a priority), so one key with many waiting jobs does not hold up
+// the others. Jobs without a key form one group of their own. Unlike
+// OrderingKey it imposes no order. At most 255 bytes, no NUL. Defaults to
+// none.
+func ConcurrencyKey(key string) EnqueueOption {
+	return enqueueFunc(func(c *enqueueConfig) { c.concKey = key })
 }
 
 // WorkOption configures one Work call: Concurrency, Prefetch, WorkerTags,

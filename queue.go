@@ -200,7 +200,8 @@ func (q *Queue) Job(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 func infoOf(r store.Row) (*JobInfo, error) {
 	info := &JobInfo{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, State: State(r.State), Priority: r.Priority,
 		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Timeout: r.Timeout, Worker: r.Worker, Result: r.Result,
-		LastError: r.LastError, CreatedAt: r.CreatedAt, RunAt: r.RunAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt}
+		LastError: r.LastError, CreatedAt: r.CreatedAt, RunAt: r.RunAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
+		OrderingKey: r.OrderingKey, UniqueKey: r.UniqueKey, ConcurrencyKey: r.ConcurrencyKey}
 	if len(r.Errors) > 0 {
 		if err := json.Unmarshal(r.Errors, &info.Errors); err != nil {
 			return nil, fmt.Errorf("decoding errors of job %s: %w", r.ID, err)

@@ -19,7 +19,7 @@ const (
 	MaxResultBytes   = 64 << 10  // encoded result (Job.SetResult)
 	MinPriority      = 0         // runs first
 	MaxPriority      = 100       // runs last
-	MaxKeyBytes      = 255       // length of an ordering or unique key
+	MaxKeyBytes      = 255       // length of an ordering, unique or concurrency key
 	MaxDependsOn     = 1000      // prerequisites of one job
 	MaxAttemptsLimit = 1_000_000 // the largest MaxAttempts
 	MaxBatchJobs     = 10_000    // jobs in one EnqueueMany, EnqueueManyTx or InsertMany call
@@ -46,7 +46,7 @@ func validateText(field, s string, maxLen int, emptyOK bool) error {
 
 func validateType(t string) error { return validateText("type", t, MaxTypeBytes, false) }
 
-// validateKey checks an ordering or unique key ("" means none).
+// validateKey checks an ordering, unique or concurrency key ("" means none).
 func validateKey(field, k string) error { return validateText(field, k, MaxKeyBytes, true) }
 
 // validateTags checks a job's or worker's tags: each key and value, their

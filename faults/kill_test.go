@@ -31,6 +31,7 @@ const (
 	childLeaseEnv  = "BACKLOG_FAULTS_CHILD_LEASE"
 	childSweepEnv  = "BACKLOG_FAULTS_CHILD_SWEEP"
 	childConcEnv   = "BACKLOG_FAULTS_CHILD_CONCURRENCY"
+	childHoldEnv   = "BACKLOG_FAULTS_CHILD_HOLD" // optional: each job runs this long (a duration)
 	childType      = "s1.work"
 )
 
@@ -79,9 +80,24 @@ func childMain() int {
 	defer q.Close()
 	insert := `INSERT INTO ` + pgx.Identifier{schema, "executions"}.Sanitize() + ` (job_id, attempt, worker) VALUES ($1, $2, $3)`
 	mux := backlog.NewMux()
+	var hold time.Duration
+	if h := os.Getenv(childHoldEnv); h != "" {
+		if hold, err = time.ParseDuration(h); err != nil {
+			return fail(err)
+		}
+	}
 	mux.HandleFunc(childType, func(ctx context.Context, job *backlog.Job) error {
-		_, err := pool.Exec(ctx, insert, job.ID, job.Attempt, worker)
-		return err
+		if _, err := pool.Exec(ctx, insert, job.ID, job.Attempt, worker); err != nil {
+			return err
+		}
+		if hold > 0 { // the job's work: it holds its slot this long
+			select {
+			case <-time.After(hold):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { // stdin EOF: the parent asks for a graceful stop

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Lint the module: gofmt, go vet and staticcheck. Run from anywhere.
+# Lint the library, the CLI module (cmd/backlog) and the dashboard's
+# browser tests (backlogui/browsertest): gofmt, go vet and staticcheck. Run
+# from anywhere.
 #
 # staticcheck is a tool dependency of the tools/ module (pinned in
 # tools/go.mod; 2026.2.2 is module version v0.8.2), so the library's go.mod
@@ -25,6 +27,12 @@ go vet ./...
 echo "==> staticcheck (tools/go.mod) ./..." >&2
 staticcheck=$(cd tools && go tool -n staticcheck)
 "$staticcheck" ./...
+
+# cmd/backlog is a module of its own (the CLI's dependencies stay out of the
+# library's go.mod); ./... above stops at its go.mod, so it is linted here.
+# bench/ is not linted (benchmark and soak programs, not shipped).
+echo "==> cmd/backlog: go vet ./... and staticcheck ./..." >&2
+(cd cmd/backlog && go vet ./... && "$staticcheck" ./...)
 
 # The dashboard's browser tests are a module of their own (so the library
 # never depends on chromedp): vet and staticcheck them too.

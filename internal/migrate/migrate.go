@@ -18,14 +18,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Migration is one versioned up-migration.
+// Migration is one versioned migration: its up SQL and, when a
+// NNNN_name.down.sql file exists, its down SQL.
 type Migration struct {
 	Version int64
 	Name    string
 	SQL     string
+	Down    string
+	HasDown bool
 }
 
-// Load reads the NNNN_name.up.sql files of fsys, sorted by version.
+// Load reads the NNNN_name.up.sql files of fsys and their .down.sql
+// counterparts, sorted by version.
 func Load(fsys fs.FS) ([]Migration, error) {
 	entries, err := fs.ReadDir(fsys, ".")
 	if err != nil {
@@ -54,7 +58,15 @@ func Load(fsys fs.FS) ([]Migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading migration %q: %w", name, err)
 		}
-		out = append(out, Migration{Version: v, Name: strings.TrimSuffix(rest, ".up.sql"), SQL: string(body)})
+		m := Migration{Version: v, Name: strings.TrimSuffix(rest, ".up.sql"), SQL: string(body)}
+		down, err := fs.ReadFile(fsys, strings.TrimSuffix(name, ".up.sql")+".down.sql")
+		switch {
+		case err == nil:
+			m.Down, m.HasDown = string(down), true
+		case !errors.Is(err, fs.ErrNotExist):
+			return nil, fmt.Errorf("reading the down migration of %q: %w", name, err)
+		}
+		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
 	return out, nil

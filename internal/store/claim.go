@@ -25,6 +25,9 @@ type Claimed struct {
 	CreatedAt   time.Time
 	RunAt       time.Time
 	Waited      time.Duration // from run_at to the claim, on the database clock
+	// Slot: the job holds a slot of a concurrency limit, which its finish
+	// frees.
+	Slot bool
 
 	rawTags []byte // the tags' JSON, until decoded
 }
@@ -35,13 +38,32 @@ type ClaimResult struct {
 	// Skipped reports, when fewer than k jobs were taken, that due jobs
 	// exist which the claim skipped because they were locked.
 	Skipped bool
+	// Limited: a limit held jobs back from this claim. LimitedDemand: only
+	// jobs beyond those wanted now were held back (a limited type is not
+	// prefetched); LimitedWait: jobs callers wait for were held back.
+	Limited Limited
+	// Next, when a rate limit held jobs back: when it allows the next
+	// start (0: wait for a freed slot instead).
+	Next time.Duration
 }
 
+// Limited says whether, and how, limits held back jobs from a claim.
+type Limited int
+
+// The values of Limited.
+const (
+	LimitedNone   Limited = 0
+	LimitedDemand Limited = 1
+	LimitedWait   Limited = 2
+)
+
 // Claim locks up to k due jobs of the given types whose tags are a subset of
-// workerTags and leases them to worker for lease.
-func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k int, lease time.Duration, worker string) (ClaimResult, error) {
+// workerTags and leases them to worker for lease; now of them are wanted
+// at once (the rest would fill a prefetch buffer, which limited types do
+// not get).
+func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string) (ClaimResult, error) {
 	var res ClaimResult
-	rows, err := s.pool.Query(ctx, s.sql.claim, Mode, types, workerTags, k, lease.Milliseconds(), worker)
+	rows, err := s.pool.Query(ctx, s.sql.claim, Mode, types, workerTags, k, now, lease.Milliseconds(), worker)
 	if err != nil {
 		return res, err
 	}
@@ -49,7 +71,7 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 	// Binary columns, but for text (the same bytes either way) and jsonb
 	// (pgx asks for it as text: the JSON itself).
 	binary := true
-	var jsonText [14]bool
+	var jsonText [claimColumns]bool
 	for i, f := range rows.FieldDescriptions() {
 		switch {
 		case f.Format == pgx.BinaryFormatCode || i == 1:
@@ -64,9 +86,9 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 		var c Claimed
 		var ok bool
 		if binary {
-			ok, err = decodeClaimed(rows.RawValues(), &jsonText, &c, &res.Skipped)
+			ok, err = decodeClaimed(rows.RawValues(), &jsonText, &c, &res)
 		} else {
-			ok, err = scanClaimed(rows, &c, &res.Skipped)
+			ok, err = scanClaimed(rows, &c, &res)
 		}
 		if err != nil {
 			return res, err
@@ -85,6 +107,9 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 	return res, rows.Err()
 }
 
+// claimColumns is how many columns the claim function returns.
+const claimColumns = 16
+
 // pgEpoch is PostgreSQL's timestamp epoch, in Unix microseconds.
 const pgEpoch = 946684800 * 1_000_000
 
@@ -92,17 +117,24 @@ const pgEpoch = 946684800 * 1_000_000
 // columns (a claim returns up to thousands of rows: scanning them through
 // pgx's reflection cost a dozen allocations each). It reports false for the
 // row that only carries skipped.
-func decodeClaimed(v [][]byte, jsonText *[14]bool, c *Claimed, skipped *bool) (bool, error) {
-	if len(v) != 14 {
-		return false, fmt.Errorf("claim returned %d columns, want 14", len(v))
+func decodeClaimed(v [][]byte, jsonText *[claimColumns]bool, c *Claimed, res *ClaimResult) (bool, error) {
+	if len(v) != claimColumns {
+		return false, fmt.Errorf("claim returned %d columns, want %d", len(v), claimColumns)
 	}
+	be := binary.BigEndian
 	if v[13] != nil {
-		*skipped = len(v[13]) == 1 && v[13][0] != 0
+		res.Skipped = len(v[13]) == 1 && v[13][0] != 0
+	}
+	if len(v[12]) == 8 {
+		res.Next = time.Duration(int64(be.Uint64(v[12]))) * time.Millisecond
+	}
+	if len(v[14]) == 2 {
+		res.Limited = Limited(int16(be.Uint16(v[14])))
 	}
 	if v[0] == nil {
 		return false, nil
 	}
-	be := binary.BigEndian
+	c.Slot = len(v[15]) == 1 && v[15][0] != 0
 	fixed := []struct {
 		i, n int
 	}{{0, 16}, {4, 4}, {5, 4}, {6, 2}, {7, 8}, {8, 16}, {9, 8}, {10, 8}, {11, 8}}
@@ -150,7 +182,7 @@ func decodeClaimed(v [][]byte, jsonText *[14]bool, c *Claimed, skipped *bool) (b
 
 // scanClaimed scans one row of the claim function through pgx, for a
 // connection that returned text columns.
-func scanClaimed(rows pgx.Rows, c *Claimed, skip *bool) (bool, error) {
+func scanClaimed(rows pgx.Rows, c *Claimed, res *ClaimResult) (bool, error) {
 	var (
 		id, token       *[16]byte
 		typ             *string
@@ -162,19 +194,28 @@ func scanClaimed(rows pgx.Rows, c *Claimed, skip *bool) (bool, error) {
 		waitedUS        *int64
 		nextMS          *int64
 		skipped         *bool
+		limited         *int16
+		slot            *bool
 	)
 	if err := rows.Scan(&id, &typ, &args, &tags, &attempt, &maxAtt, &prio, &timeoutMS, &token, &created, &runAt,
-		&waitedUS, &nextMS, &skipped); err != nil {
+		&waitedUS, &nextMS, &skipped, &limited, &slot); err != nil {
 		return false, err
 	}
 	if skipped != nil {
-		*skip = *skipped
+		res.Skipped = *skipped
+	}
+	if nextMS != nil {
+		res.Next = time.Duration(*nextMS) * time.Millisecond
+	}
+	if limited != nil {
+		res.Limited = Limited(*limited)
 	}
 	if id == nil {
 		return false, nil
 	}
 	*c = Claimed{ID: *id, Type: *typ, Args: args, Attempt: int(*attempt), MaxAttempts: int(*maxAtt),
 		Priority: int(*prio), Timeout: time.Duration(*timeoutMS) * time.Millisecond, Token: *token,
-		CreatedAt: *created, RunAt: *runAt, Waited: time.Duration(*waitedUS) * time.Microsecond, rawTags: tags}
+		CreatedAt: *created, RunAt: *runAt, Waited: time.Duration(*waitedUS) * time.Microsecond, rawTags: tags,
+		Slot: slot != nil && *slot}
 	return true, nil
 }

@@ -346,6 +346,7 @@ func (g *graphInsert) insertSome(ctx context.Context, idx []int) (map[uuid.UUID]
 	okeys := make([]*string, n)
 	ukeys := make([]*string, n)
 	lastErr := make([]*string, n)
+	ckeys := make([]*string, n)
 	unique := false
 	for x, i := range idx {
 		j := &g.jobs[i]
@@ -360,13 +361,16 @@ func (g *graphInsert) insertSome(ctx context.Context, idx []int) (map[uuid.UUID]
 			ukeys[x] = &j.UniqueKey
 			unique = true
 		}
+		if j.ConcurrencyKey != "" {
+			ckeys[x] = &j.ConcurrencyKey
+		}
 	}
 	q := g.s.graph.insert
 	if unique {
 		q = g.s.graph.insertUnique
 	}
 	rows, err := g.tx.Query(ctx, q, Mode, ids, types, args, tags, prios, runAts, delays, maxAtt, timeouts,
-		states, blocked, okeys, ukeys, lastErr)
+		states, blocked, okeys, ukeys, lastErr, ckeys)
 	if err != nil {
 		return nil, err
 	}

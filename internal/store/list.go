@@ -32,21 +32,24 @@ import (
 
 // ListQuery selects jobs. Zero fields do not filter.
 type ListQuery struct {
-	States        []string
-	Types         []string
-	Tags          json.RawMessage // a JSON object: jobs whose tags contain it
-	OrderingKey   string
-	UniqueKey     string
-	ErrorContains string // in last_error, case-insensitive
-	CreatedFrom   time.Time
-	CreatedTo     time.Time // exclusive
-	FinishedFrom  time.Time
-	FinishedTo    time.Time // exclusive
-	IDs           []uuid.UUID
-	Oldest        bool        // oldest first; else newest first
-	After         *ListCursor // go on after this position
-	Limit         int         // rows to return
-	Scan          int         // rows to read per statement
+	States      []string
+	Types       []string
+	Tags        json.RawMessage // a JSON object: jobs whose tags contain it
+	OrderingKey string
+	UniqueKey   string
+	// ConcurrencyKey has no index of its own: it filters the rows the
+	// other conditions' walk reads (a bounded scan per page).
+	ConcurrencyKey string
+	ErrorContains  string // in last_error, case-insensitive
+	CreatedFrom    time.Time
+	CreatedTo      time.Time // exclusive
+	FinishedFrom   time.Time
+	FinishedTo     time.Time // exclusive
+	IDs            []uuid.UUID
+	Oldest         bool        // oldest first; else newest first
+	After          *ListCursor // go on after this position
+	Limit          int         // rows to return
+	Scan           int         // rows to read per statement
 }
 
 // ListCursor is a position in a listing: in the live phase, the last ID
@@ -212,6 +215,9 @@ func (q *ListQuery) filters(a *listArgs) {
 	if q.UniqueKey != "" {
 		a.add("§unique_key = $?", q.UniqueKey)
 	}
+	if q.ConcurrencyKey != "" {
+		a.add("§concurrency_key = $?", q.ConcurrencyKey)
+	}
 	if q.ErrorContains != "" {
 		a.add(`§last_error ILIKE $? ESCAPE '\'`, "%"+likeEscape(q.ErrorContains)+"%")
 	}
@@ -238,7 +244,8 @@ func likeEscape(s string) string {
 }
 
 const listCols = `r.id, r.type, r.args, r.tags, r.state, r.priority, r.run_at, r.attempt, r.max_attempts, r.timeout_ms,
-	COALESCE(r.worker, ''), r.result, COALESCE(r.last_error, ''), r.errors, r.created_at, r.started_at, r.finished_at`
+	COALESCE(r.worker, ''), r.result, COALESCE(r.last_error, ''), r.errors, r.created_at, r.started_at, r.finished_at,
+	COALESCE(r.ordering_key, ''), COALESCE(r.unique_key, ''), COALESCE(r.concurrency_key, '')`
 
 // listScan runs one bounded listing statement: the rows of `read` (a
 // SELECT of at most q.Scan rows, in the walk's order, whose parameters
@@ -276,9 +283,10 @@ LEFT JOIN r ON ` + f.sql("r.")
 			timeoutMS, count   *int64
 			runAt, created     *time.Time
 			lastFin            *time.Time
+			okey, ukey, ckey   *string
 		)
 		if err := rows.Scan(&id, &typ, &r.Args, &tags, &state, &prio, &runAt, &att, &maxA, &timeoutMS, &worker, &r.Result,
-			&lastErr, &r.Errors, &created, &r.StartedAt, &r.FinishedAt, &lastID, &lastFin, &count); err != nil {
+			&lastErr, &r.Errors, &created, &r.StartedAt, &r.FinishedAt, &okey, &ukey, &ckey, &lastID, &lastFin, &count); err != nil {
 			return nil, 0, err
 		}
 		if count != nil {
@@ -294,6 +302,7 @@ LEFT JOIN r ON ` + f.sql("r.")
 			continue // nothing matched
 		}
 		r.ID, r.Type, r.State, r.Worker, r.LastError = *id, *typ, *state, *worker, *lastErr
+		r.OrderingKey, r.UniqueKey, r.ConcurrencyKey = *okey, *ukey, *ckey
 		r.Priority, r.Attempt, r.MaxAttempts = int(*prio), int(*att), int(*maxA)
 		r.Timeout = time.Duration(*timeoutMS) * time.Millisecond
 		r.RunAt, r.CreatedAt = *runAt, *created

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -68,7 +69,7 @@ type Store struct {
 	explain func(sql string, args []any)
 
 	sql struct {
-		insert, claim, get, notify, notifyAsync, now string
+		insert, insertKeyed, claim, get, notify, notifyAsync, now string
 	}
 	fin     finishSQL
 	graph   graphSQL
@@ -143,6 +144,14 @@ SELECT a.n, a.avail, a.sched_ms,
      + (SELECT count(*) FROM (SELECT pg_notify($10, json_build_object('sched', true, 'in', greatest(a.sched_ms, 0))::text)
                               WHERE a.sched_ms IS NOT NULL AND cardinality($11::text[]) > 0) s)
 FROM agg a`
+	// The same, with the jobs' concurrency keys ($12).
+	s.sql.insertKeyed = strings.NewReplacer(
+		"timeout_ms, state)", "timeout_ms, state, concurrency_key)",
+		"ELSE 'available' END\n", "ELSE 'available' END, t.concurrency_key\n",
+		"u.max_attempts, u.timeout_ms\n", "u.max_attempts, u.timeout_ms, u.concurrency_key\n",
+		"$9::bigint[])", "$9::bigint[], $12::text[])",
+		"max_attempts, timeout_ms)) t", "max_attempts, timeout_ms, concurrency_key)) t",
+	).Replace(s.sql.insert)
 
 	// The claim is the function claim() of migration 0004: it locks up to
 	// $3 due jobs of the domain, marks them running under a fresh lease
@@ -150,12 +159,13 @@ FROM agg a`
 	// until the domain's next scheduled job is due (database clock) and
 	// whether due jobs exist that it skipped because another transaction
 	// held them locked. The function keeps its plans for the session.
-	s.sql.claim = `SELECT * FROM ` + pgx.Identifier{s.schema, "claim"}.Sanitize() + `($1::text[], $2::jsonb, $3::integer, $4::bigint, $5::text)`
+	s.sql.claim = `SELECT * FROM ` + pgx.Identifier{s.schema, "claim"}.Sanitize() + `($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text)`
 
 	// A job is in jobs while live and in job_history once finished (the
 	// move is one transaction, so one snapshot sees it in exactly one).
 	getCols := `id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
-	COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at`
+	COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at,
+	COALESCE(ordering_key, ''), COALESCE(unique_key, ''), COALESCE(concurrency_key, '')`
 	s.sql.get = `SELECT ` + getCols + ` FROM ` + s.jobs + ` WHERE id = $1
 UNION ALL
 SELECT ` + getCols + ` FROM ` + s.history + ` WHERE id = $1
@@ -210,6 +220,9 @@ type NewJob struct {
 	Delay       time.Duration // start after now() + Delay when RunAt is nil
 	MaxAttempts int32
 	Timeout     time.Duration
+	// ConcurrencyKey groups the job with others for flow control ("":
+	// none).
+	ConcurrencyKey string
 }
 
 // InsertResult is what an Insert wrote, as the database decided it.
@@ -248,13 +261,28 @@ func (s *Store) Insert(ctx context.Context, db DB, jobs []NewJob, payloads []str
 	var inserted, avail, notified int64
 	var schedMS *int64
 	params := []any{ids16(ids), types, args, tags, prios, runAts, delays, maxAtt, timeouts, s.channel, payloads}
+	q := s.sql.insert
+	for i, j := range jobs {
+		if j.ConcurrencyKey == "" {
+			continue
+		}
+		// Jobs with concurrency keys: the statement with the column.
+		keys := make([]*string, n)
+		for x := i; x < n; x++ {
+			if jobs[x].ConcurrencyKey != "" {
+				keys[x] = &jobs[x].ConcurrencyKey
+			}
+		}
+		params, q = append(params, keys), s.sql.insertKeyed
+		break
+	}
 	// [16]byte IDs need the server's parameter types: modes that do not
 	// ask for them (exec, simple protocol) use the describe mode instead.
 	if m := s.pool.Config().ConnConfig.DefaultQueryExecMode; m == pgx.QueryExecModeExec || m == pgx.QueryExecModeSimpleProtocol {
 		params = append([]any{Mode}, params...)
 	}
 	res := InsertResult{SchedIn: -1}
-	err := db.QueryRow(ctx, s.sql.insert, params...).Scan(&inserted, &avail, &schedMS, &notified)
+	err := db.QueryRow(ctx, q, params...).Scan(&inserted, &avail, &schedMS, &notified)
 	if err != nil {
 		return res, err
 	}
@@ -348,6 +376,8 @@ type Row struct {
 	CreatedAt   time.Time
 	StartedAt   *time.Time
 	FinishedAt  *time.Time
+	// The job's keys ("": none).
+	OrderingKey, UniqueKey, ConcurrencyKey string
 }
 
 // Get reads one job, or returns ErrNotFound.
@@ -360,7 +390,8 @@ func (s *Store) Get(ctx context.Context, db DB, id uuid.UUID) (Row, error) {
 		timeoutMS int64
 	)
 	err := db.QueryRow(ctx, s.sql.get, Mode, id).Scan(&r.ID, &r.Type, &r.Args, &tags, &r.State, &prio, &r.RunAt,
-		&att, &maxA, &timeoutMS, &r.Worker, &r.Result, &r.LastError, &r.Errors, &r.CreatedAt, &r.StartedAt, &r.FinishedAt)
+		&att, &maxA, &timeoutMS, &r.Worker, &r.Result, &r.LastError, &r.Errors, &r.CreatedAt, &r.StartedAt, &r.FinishedAt,
+		&r.OrderingKey, &r.UniqueKey, &r.ConcurrencyKey)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Row{}, ErrNotFound
 	}

@@ -46,13 +46,13 @@ type config struct {
 	totalTimeout time.Duration
 }
 
-var workloadNames = []string{"burndown", "steady", "latency", "idle"}
+var workloadNames = []string{"burndown", "steady", "latency", "idle", "flow"}
 
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	quick := fs.Bool("quick", false, "the under-a-minute-or-two variant: fewer jobs, shorter phases, one run each, no 10/s latency rate")
 	only := fs.String("only", "", "systems to run (comma-separated): backlog, river, river-tuned, floor, graphile (default all, or backlog,river-tuned,floor,graphile with -quick)")
-	wls := fs.String("workloads", strings.Join(workloadNames, ","), "workloads to run (comma-separated): burndown, steady, latency, idle")
+	wls := fs.String("workloads", strings.Join(workloadNames, ","), "workloads to run (comma-separated): burndown, steady, latency, idle, flow (backlog only)")
 	runs := fs.Int("runs", 0, "runs per system of the burn-down and steady-state workloads, reported as medians (default 3, or 1 with -quick)")
 	jobs := fs.Int("jobs", 0, "burn-down jobs (default 200000, or 20000 with -quick)")
 	out := fs.String("out", "results/latest.md", "also write the report to this file (empty: stdout only)")

@@ -86,7 +86,7 @@ func run(cfg *config) error {
 	}
 	res := newResults()
 	phases := map[string]func(context.Context, *benchEnv, kind, *results){
-		"burndown": runBurndown, "steady": runSteady, "latency": runLatency, "idle": runIdle,
+		"burndown": runBurndown, "steady": runSteady, "latency": runLatency, "idle": runIdle, "flow": runFlow,
 	}
 	for _, w := range workloadNames {
 		if !slices.Contains(cfg.workloads, w) {
@@ -102,6 +102,8 @@ func run(cfg *config) error {
 			defineLatencyRows(res, cfg.latRates)
 		case "idle":
 			defineIdleRows(res, env.pgss)
+		case "flow":
+			defineFlowRows(res)
 		}
 		for _, k := range kinds {
 			if !k.workloads[w] || ctx.Err() != nil {

@@ -86,7 +86,7 @@ type kind struct {
 }
 
 func allKinds(cfg *config) []kind {
-	all := map[string]bool{"burndown": true, "steady": true, "latency": true, "idle": true}
+	all := map[string]bool{"burndown": true, "steady": true, "latency": true, "idle": true, "flow": true}
 	rt := &nodeRuntime{}
 	return []kind{
 		{key: "backlog", label: "backlog default", workloads: all,

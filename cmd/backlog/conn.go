@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/backlogq/backlog"
+)
+
+// connectTimeout bounds connecting when the URL sets no connect_timeout.
+const connectTimeout = 10 * time.Second
+
+// conn is the invocation's pool and Queue.
+type conn struct {
+	pool *pgxpool.Pool
+	q    *backlog.Queue
+	addr string // host:port, for messages
+}
+
+// url returns the connection string: --database-url, else $DATABASE_URL.
+func (a *app) url() (string, error) {
+	u := a.databaseURL
+	if u == "" {
+		u = os.Getenv("DATABASE_URL")
+	}
+	if u == "" {
+		return "", usagef("no database: set DATABASE_URL or pass --database-url")
+	}
+	return u, nil
+}
+
+// open connects (once) and returns the Queue, without checking the schema.
+func (a *app) open(ctx context.Context) (*conn, error) {
+	if a.conn != nil {
+		return a.conn, nil
+	}
+	u, err := a.url()
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		return nil, usagef("bad database URL: %s", a.redact(err.Error()))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	cfg.MaxConns = 4
+	c := &conn{addr: net.JoinHostPort(cfg.ConnConfig.Host, fmt.Sprint(cfg.ConnConfig.Port))}
+	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
+		c.addr = cfg.ConnConfig.Host // a Unix socket directory
+	}
+	if c.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("connecting to PostgreSQL at %s: %w", c.addr, err)
+	}
+	if err := c.pool.Ping(ctx); err != nil {
+		c.pool.Close()
+		return nil, connectErr(c.addr, err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if c.q, err = backlog.New(ctx, c.pool, backlog.WithSchema(a.schema), backlog.WithLogger(log), backlog.WithWorkerID("backlog-cli")); err != nil {
+		c.pool.Close()
+		return nil, err
+	}
+	a.conn = c
+	return c, nil
+}
+
+// queue connects and returns the Queue of a migrated schema.
+func (a *app) queue(ctx context.Context) (*backlog.Queue, error) {
+	c, err := a.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := c.q.MigrationStatus(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pending := st.Pending()
+	switch {
+	case st.Dirty:
+		return nil, fmt.Errorf("schema %s is marked dirty at version %d (a migration failed half-way); fix it by hand", a.schema, st.Version)
+	case st.Version == 0:
+		return nil, fmt.Errorf("schema %s is not migrated; run `backlog migrate up`", a.schema)
+	case len(pending) > 0:
+		return nil, fmt.Errorf("schema %s is at version %d of %d; run `backlog migrate up`",
+			a.schema, st.Version, pending[len(pending)-1].Version)
+	}
+	return c.q, nil
+}
+
+// close releases the connection: the Queue first, which sends the
+// notices of what was enqueued or retried.
+func (a *app) close() {
+	if a.conn == nil {
+		return
+	}
+	_ = a.conn.q.Close()
+	a.conn.pool.Close()
+	a.conn = nil
+}
+
+// connectErr says in one sentence why connecting failed.
+func connectErr(addr string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return fmt.Errorf("PostgreSQL at %s refused the connection: %s (SQLSTATE %s)", addr, pgErr.Message, pgErr.Code)
+	}
+	var sysErr *os.SyscallError
+	var opErr *net.OpError
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) {
+		err = fmt.Errorf("cannot resolve %s: %s", dnsErr.Name, dnsErr.Err)
+	} else if errors.As(err, &sysErr) {
+		err = sysErr.Err // "connection refused", without "connect: "
+	} else if errors.As(err, &opErr) && opErr.Err != nil {
+		err = opErr.Err
+	} else if errors.Is(err, context.DeadlineExceeded) {
+		err = errors.New("timed out")
+	} else {
+		for u := errors.Unwrap(err); u != nil; u = errors.Unwrap(u) {
+			err = u
+		}
+	}
+	return fmt.Errorf("cannot reach PostgreSQL at %s: %v", addr, err)
+}
+
+var (
+	userinfoRE = regexp.MustCompile(`(://[^:/@\s]*):[^@\s]*@`)
+	passwordRE = regexp.MustCompile(`(password=)\S+`)
+)
+
+// redact hides the database password in a message: the URL's, and any
+// password=… setting.
+func (a *app) redact(msg string) string {
+	msg = userinfoRE.ReplaceAllString(msg, "$1:xxxxx@")
+	u := a.databaseURL
+	if u == "" {
+		u = os.Getenv("DATABASE_URL")
+	}
+	if p, err := url.Parse(u); err == nil && p.User != nil {
+		if pw, ok := p.User.Password(); ok && pw != "" {
+			msg = strings.ReplaceAll(msg, pw, "xxxxx")
+		}
+	}
+	if cfg, err := pgconn.ParseConfig(u); err == nil && cfg.Password != "" {
+		msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
+	}
+	return passwordRE.ReplaceAllString(msg, "${1}xxxxx")
+}

@@ -1,0 +1,379 @@
+package backlog_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/backlogq/backlog"
+	"github.com/backlogq/backlog/internal/testdb"
+)
+
+// gauge counts the jobs running at once, overall and per key, and keeps
+// the highest counts seen.
+type gauge struct {
+	mu      sync.Mutex
+	now     int
+	peak    int
+	keyNow  map[string]int
+	keyPeak map[string]int
+}
+
+func newGauge() *gauge { return &gauge{keyNow: map[string]int{}, keyPeak: map[string]int{}} }
+
+func (g *gauge) enter(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.now++
+	g.peak = max(g.peak, g.now)
+	if key != "" {
+		g.keyNow[key]++
+		g.keyPeak[key] = max(g.keyPeak[key], g.keyNow[key])
+	}
+}
+
+func (g *gauge) leave(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.now--
+	if key != "" {
+		g.keyNow[key]--
+	}
+}
+
+type keyArgs struct {
+	Key  string `json:"key"`
+	Mode string `json:"mode"` // "", "fail", "timeout", "slow"
+}
+
+// Several processes (Queues on separate pools) work one limited type whose
+// jobs fail, retry, time out and get cancelled at random: the running
+// count never exceeds the type's limit, nor any key's, and the limit is
+// used (the peak reaches it).
+func TestConcurrencyLimitAcrossProcesses(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const limit, keyLimit = 4, 2
+	require.NoError(t, e.q.SetLimit(ctx, "lim", backlog.Limit{Concurrency: limit, KeyConcurrency: keyLimit}))
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	var specs []backlog.JobSpec
+	for i := range 150 {
+		a := keyArgs{}
+		var opts []backlog.EnqueueOption
+		if i%5 != 0 { // a fifth without a key
+			a.Key = fmt.Sprintf("k%d", rng.IntN(5))
+			opts = append(opts, backlog.ConcurrencyKey(a.Key))
+		}
+		switch r := rng.IntN(10); {
+		case r == 0:
+			a.Mode = "fail"
+			opts = append(opts, backlog.MaxAttempts(2))
+		case r == 1:
+			a.Mode = "timeout"
+			opts = append(opts, backlog.Timeout(20*time.Millisecond), backlog.MaxAttempts(2))
+		case r == 2:
+			a.Mode = "slow"
+		}
+		specs = append(specs, backlog.JobSpec{Type: "lim", Args: a, Options: opts})
+	}
+	ids, err := e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+
+	g := newGauge()
+	started := make(chan uuid.UUID, 1000)
+	h := backlog.HandleJSON(func(ctx context.Context, job *backlog.Job, a keyArgs) error {
+		g.enter(a.Key)
+		defer g.leave(a.Key)
+		select {
+		case started <- job.ID:
+		default:
+		}
+		d := time.Duration(1+rand.IntN(5)) * time.Millisecond
+		switch a.Mode {
+		case "timeout", "slow":
+			d = 60 * time.Millisecond
+		}
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if a.Mode == "fail" {
+			return errors.New("failing on purpose")
+		}
+		return nil
+	})
+	bo := backlog.RetryBackoff(backlog.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond})
+	for i := range 3 {
+		q := e.q
+		if i > 0 {
+			q = e.queue(testdb.NewPool(t, 8))
+		}
+		work(t, q, h, backlog.Concurrency(6), bo, backlog.Types("lim"))
+	}
+	// Cancel some jobs while they run.
+	cancelled := 0
+	for cancelled < 10 {
+		var id uuid.UUID
+		select {
+		case id = <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no job started for 10 s (%d cancelled)", cancelled)
+		}
+		if st, err := e.q.Cancel(ctx, id); err == nil && !st.Terminal() {
+			cancelled++
+		}
+	}
+	for _, id := range ids {
+		e.waitJob(id, 60*time.Second, func(i *backlog.JobInfo) bool { return i.State.Terminal() })
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	require.LessOrEqual(t, g.peak, limit, "jobs running at once")
+	require.Equal(t, limit, g.peak, "the limit was never reached: slots went unused")
+	for k, p := range g.keyPeak {
+		require.LessOrEqual(t, p, keyLimit, "jobs of key %s running at once", k)
+	}
+	require.Equal(t, 0, e.countLive("state = 'running'"))
+}
+
+// A rate limit of 10 a second, default burst (1): 50 ± 1 starts in 5
+// seconds, about 10 in each second.
+func TestRateLimit(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, e.q.SetLimit(ctx, "rated", backlog.Limit{Rate: 10, Per: time.Second}))
+	specs := make([]backlog.JobSpec, 200)
+	for i := range specs {
+		specs[i] = backlog.JobSpec{Type: "rated"}
+	}
+	_, err := e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var starts []time.Time
+	first := make(chan struct{})
+	work(t, e.q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		if len(starts) == 1 {
+			close(first)
+		}
+		mu.Unlock()
+		return nil
+	}), backlog.Concurrency(10), backlog.Types("rated"))
+	<-first
+	<-time.After(5*time.Second + 200*time.Millisecond) // the measured window, and a margin
+	mu.Lock()
+	defer mu.Unlock()
+	var perSecond [5]int
+	n := 0
+	for _, s := range starts {
+		if d := s.Sub(starts[0]); d < 5*time.Second {
+			n++
+			perSecond[d/time.Second]++
+		}
+	}
+	t.Logf("starts in 5 s: %d; per second: %v", n, perSecond)
+	require.InDelta(t, 50, n, 1, "starts in the first 5 seconds")
+	for i, c := range perSecond {
+		require.InDelta(t, 10, c, 2, "starts in second %d", i)
+	}
+}
+
+// One key with many waiting jobs and many keys with a few each: the small
+// keys' jobs are taken in turn with the big key's, not after it.
+func TestFairnessAcrossKeys(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	var specs []backlog.JobSpec
+	for range 2000 {
+		specs = append(specs, backlog.JobSpec{Type: "fair", Args: keyArgs{Key: "big"}, Options: []backlog.EnqueueOption{backlog.ConcurrencyKey("big")}})
+	}
+	for k := range 20 {
+		key := fmt.Sprintf("small-%02d", k)
+		for range 5 {
+			specs = append(specs, backlog.JobSpec{Type: "fair", Args: keyArgs{Key: key}, Options: []backlog.EnqueueOption{backlog.ConcurrencyKey(key)}})
+		}
+	}
+	_, err := e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var order []string
+	smallDone := make(chan struct{})
+	small := 0
+	work(t, e.q, backlog.HandleJSON(func(ctx context.Context, job *backlog.Job, a keyArgs) error {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, a.Key)
+		if a.Key != "big" {
+			if small++; small == 100 {
+				close(smallDone)
+			}
+		}
+		return nil
+	}), backlog.Concurrency(4), backlog.Types("fair"))
+	select {
+	case <-smallDone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the small keys' jobs did not all run")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	last := 0
+	for i, k := range order {
+		if k != "big" {
+			last = i
+		}
+	}
+	t.Logf("the last small-key job started as number %d of %d started", last+1, len(order))
+	// Round-robin: about one big job per round of 21 groups, so the 100
+	// small jobs are done within about 105 starts (prefetch adds a batch).
+	require.Less(t, last, 400, "small keys waited behind the big one")
+}
+
+// Raising a limit lets more jobs start at once, and removing it releases
+// every waiting job.
+func TestLimitChangesTakeEffectAtOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	require.NoError(t, e.q.SetLimit(ctx, "chg", backlog.Limit{Concurrency: 1}))
+	specs := make([]backlog.JobSpec, 20)
+	for i := range specs {
+		specs[i] = backlog.JobSpec{Type: "chg"}
+	}
+	_, err := e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	release := make(chan struct{})
+	work(t, e.q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}), backlog.Concurrency(10), backlog.Types("chg"))
+	e.waitCount("state = 'running'", 1, 5*time.Second)
+	// Still one while the limit is 1 (the claim path had every chance:
+	// ten idle workers).
+	require.Equal(t, 1, e.countLive("state = 'running'"))
+	start := time.Now()
+	require.NoError(t, e.q.SetLimit(ctx, "chg", backlog.Limit{Concurrency: 4}))
+	e.waitCount("state = 'running'", 4, time.Second)
+	require.Equal(t, 4, e.countLive("state = 'running'"))
+	require.NoError(t, e.q.RemoveLimit(ctx, "chg"))
+	e.waitCount("state = 'running'", 10, time.Second)
+	t.Logf("raised and removed within %s", time.Since(start))
+	lims, err := e.q.Limits(ctx)
+	require.NoError(t, err)
+	require.Empty(t, lims)
+	close(release)
+}
+
+// With a limit of 1 and the next job waiting, the end of the running job
+// starts the next one in another process at once: the freed slot is
+// announced, not found by the backup poll (an hour here).
+func TestFreedSlotStartsTheNextJobAtOnce(t *testing.T) {
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+	require.NoError(t, e.q.SetLimit(ctx, "one", backlog.Limit{Concurrency: 1}))
+	q2 := e.queue(testdb.NewPool(t, 4), backlog.WithPollInterval(time.Hour))
+	a, err := e.q.Enqueue(ctx, "one", nil)
+	require.NoError(t, err)
+	release := make(chan struct{})
+	running := make(chan uuid.UUID, 2)
+	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		running <- job.ID
+		if job.ID == a {
+			<-release
+		}
+		return nil
+	})
+	work(t, e.q, h, backlog.Concurrency(1), backlog.Types("one"))
+	require.Equal(t, a, <-running)
+	b, err := e.q.Enqueue(ctx, "one", nil)
+	require.NoError(t, err)
+	work(t, q2, h, backlog.Concurrency(2), backlog.Types("one"))
+	select {
+	case id := <-running:
+		t.Fatalf("job %s started while the only slot was taken", id)
+	case <-time.After(300 * time.Millisecond): // every process had the chance
+	}
+	close(release)
+	select {
+	case id := <-running:
+		require.Equal(t, b, id)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting job did not start when the slot was freed")
+	}
+}
+
+func TestLimitBadInput(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		typ   string
+		l     backlog.Limit
+		field string
+	}{
+		{"", backlog.Limit{Concurrency: 1}, "type"},
+		{"t", backlog.Limit{}, "limit"},
+		{"t", backlog.Limit{Concurrency: -1}, "concurrency"},
+		{"t", backlog.Limit{KeyConcurrency: -2}, "key concurrency"},
+		{"t", backlog.Limit{Rate: -1, Per: time.Second}, "rate"},
+		{"t", backlog.Limit{Rate: 5}, "per"},
+		{"t", backlog.Limit{Rate: 5, Per: time.Microsecond}, "per"},
+		{"t", backlog.Limit{Rate: 5, Per: 1500 * time.Microsecond}, "per"},
+		{"t", backlog.Limit{Rate: 5, Per: time.Second, Burst: 6}, "burst"},
+		{"t", backlog.Limit{Concurrency: 1, Burst: 1}, "rate"},
+		{"t", backlog.Limit{Concurrency: 2, KeyConcurrency: 3}, "key concurrency"},
+		{"t", backlog.Limit{Concurrency: backlog.MaxLimit + 1}, "concurrency"},
+	} {
+		err := e.q.SetLimit(ctx, c.typ, c.l)
+		var ie *backlog.InputError
+		require.ErrorAs(t, err, &ie, "%+v", c)
+		require.Equal(t, c.field, ie.Field, "%+v: %v", c, err)
+	}
+	_, err := e.q.Enqueue(ctx, "t", nil, backlog.ConcurrencyKey("bad\x00key"))
+	var ie *backlog.InputError
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, "concurrency key", ie.Field)
+	lims, err := e.q.Limits(ctx)
+	require.NoError(t, err)
+	require.Empty(t, lims, "nothing written")
+	require.Equal(t, 0, e.count("true"))
+
+	// Burst's default: the starts of 100 ms, at least 1.
+	require.NoError(t, e.q.SetLimit(ctx, "t", backlog.Limit{Rate: 100, Per: time.Second}))
+	require.NoError(t, e.q.SetLimit(ctx, "u", backlog.Limit{Rate: 10, Per: time.Second, RatePerKey: true}))
+	lims, err = e.q.Limits(ctx)
+	require.NoError(t, err)
+	require.Len(t, lims, 2)
+	require.Equal(t, 10, lims[0].Burst)
+	require.Equal(t, 1, lims[1].Burst)
+	require.True(t, lims[1].RatePerKey)
+}
+
+// A concurrency key survives a finish and a retry from history, and keyed
+// jobs without limits are claimed round-robin too.
+func TestConcurrencyKeyKeptAcrossRetry(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	id, err := e.q.Enqueue(ctx, "keep", nil, backlog.ConcurrencyKey("tenant:1"), backlog.MaxAttempts(1))
+	require.NoError(t, err)
+	work(t, e.q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		return backlog.Permanent(errors.New("no"))
+	}), backlog.Types("keep"))
+	e.waitState(id, 10*time.Second, backlog.StateFailed)
+	require.Equal(t, 1, e.count("concurrency_key = 'tenant:1' AND state = 'failed'"))
+	_, err = e.q.Retry(ctx, id)
+	require.NoError(t, err)
+	e.waitState(id, 10*time.Second, backlog.StateFailed)
+	require.Equal(t, 1, e.count("concurrency_key = 'tenant:1' AND attempt = 2"))
+}
