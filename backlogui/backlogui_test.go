@@ -225,6 +225,12 @@ func TestPagesRender(t *testing.T) {
 	require.Contains(t, failed, `&#34;amount_cents&#34;: 4999`)
 	require.Contains(t, u.page("/jobs/"+u.jobs.Completed[0].String()), `&#34;pixels&#34;: 1024`)
 
+	ck, err := u.q.Enqueue(context.Background(), seed.TypeEmail, nil, backlog.ConcurrencyKey("tenant-9"))
+	require.NoError(t, err)
+	require.Contains(t, u.page("/jobs?ckey=tenant-9"), ck.String())
+	require.NotContains(t, u.page("/jobs?ckey=tenant-9"), u.jobs.Available[0].String())
+	require.Contains(t, u.page("/jobs/"+ck.String()), `href="/jobs?ckey=tenant-9"`)
+
 	types := u.page("/types")
 	require.Contains(t, types, `<tr data-type="`+seed.TypePausable+`">`)
 	require.Regexp(t, `newsletter.send(.|\n)*?value="resume"`, types)

@@ -17,13 +17,13 @@ var allStates = []backlog.State{backlog.StateBlocked, backlog.StateScheduled, ba
 // jobsQuery is the jobs page's filter as the user typed it (to refill the
 // form) and as the API takes it.
 type jobsQuery struct {
-	States                        []string
-	Type, Tags, OKey, UKey, Err   string
-	CreatedAfter, CreatedBefore   string
-	FinishedAfter, FinishedBefore string
-	Oldest                        bool
-	Limit                         int
-	Cursor                        string
+	States                            []string
+	Type, Tags, OKey, UKey, CKey, Err string
+	CreatedAfter, CreatedBefore       string
+	FinishedAfter, FinishedBefore     string
+	Oldest                            bool
+	Limit                             int
+	Cursor                            string
 
 	filter backlog.Filter
 	opts   backlog.ListOptions
@@ -38,7 +38,7 @@ func (q *jobsQuery) Encode() string {
 	for _, s := range q.States {
 		v.Add("state", s)
 	}
-	for k, s := range map[string]string{"type": q.Type, "tags": q.Tags, "okey": q.OKey, "ukey": q.UKey, "error": q.Err,
+	for k, s := range map[string]string{"type": q.Type, "tags": q.Tags, "okey": q.OKey, "ukey": q.UKey, "ckey": q.CKey, "error": q.Err,
 		"created_after": q.CreatedAfter, "created_before": q.CreatedBefore, "finished_after": q.FinishedAfter,
 		"finished_before": q.FinishedBefore} {
 		if s != "" {
@@ -74,7 +74,7 @@ func parseTime(field, s string) (time.Time, error) {
 // value is a 400.
 func parseJobsQuery(v url.Values) (*jobsQuery, error) {
 	q := &jobsQuery{Type: strings.TrimSpace(v.Get("type")), Tags: strings.TrimSpace(v.Get("tags")),
-		OKey: v.Get("okey"), UKey: v.Get("ukey"), Err: v.Get("error"),
+		OKey: v.Get("okey"), UKey: v.Get("ukey"), CKey: v.Get("ckey"), Err: v.Get("error"),
 		CreatedAfter: v.Get("created_after"), CreatedBefore: v.Get("created_before"),
 		FinishedAfter: v.Get("finished_after"), FinishedBefore: v.Get("finished_before"), Cursor: v.Get("cursor")}
 	for _, s := range v["state"] {
@@ -105,6 +105,7 @@ func parseJobsQuery(v url.Values) (*jobsQuery, error) {
 		}
 	}
 	q.filter.OrderingKey, q.filter.UniqueKey, q.filter.ErrorContains = q.OKey, q.UKey, q.Err
+	q.filter.ConcurrencyKey = q.CKey
 	var err error
 	for _, f := range []struct {
 		name string
