@@ -261,16 +261,16 @@ func (e *env) shoot(name string) {
 	e.run(scheme("light"))
 }
 
-// docShot writes a README screenshot (viewport, light) when BACKLOG_UI_DOCS
-// names the docs folder.
-func (e *env) docShot(name string) {
+// docShot writes a README screenshot (light; the viewport, or the whole
+// page) when BACKLOG_UI_DOCS names the docs folder.
+func (e *env) docShot(name string, full bool) {
 	e.t.Helper()
 	dir := os.Getenv("BACKLOG_UI_DOCS")
 	if dir == "" {
 		return
 	}
 	e.run(scheme("light"))
-	must(e.t, os.WriteFile(filepath.Join(dir, name), e.screenshot(false), 0o644))
+	must(e.t, os.WriteFile(filepath.Join(dir, name), e.screenshot(full), 0o644))
 }
 
 func (e *env) noConsoleErrors() {
@@ -310,7 +310,7 @@ func (e *env) overview(t *testing.T) {
 	_, err := e.q.Enqueue(context.Background(), seed.TypeEmail, nil)
 	must(t, err)
 	e.run(chromedp.WaitVisible(chromedp.Search(`//span[@data-count="available"][text()="5"]`)))
-	e.docShot("overview.png")
+	e.docShot("overview.png", false)
 }
 
 func (e *env) retryFailed(t *testing.T) {
@@ -349,7 +349,7 @@ func (e *env) jobGraph(t *testing.T) {
 		t.Errorf("graph of the middle job: %d nodes, want 3 (prerequisite, itself, dependent)", n)
 	}
 	e.shoot("job-graph")
-	e.docShot("job.png")
+	e.docShot("job.png", true)
 	// Click the prerequisite: it has two dependents.
 	e.run(chromedp.Click(chromedp.CSS(`svg.graph a.gnode[href$="`+e.jobs.DAGRoot.String()+`"] rect`)),
 		chromedp.WaitVisible(chromedp.Search(`//p[contains(., "`+e.jobs.DAGRoot.String()+`")]`)))
