@@ -52,9 +52,11 @@ soak:
 # Measurements (not tests): a periodic tick, a cleaner pass, Stats and Job
 # with 1M finished jobs; enqueue throughput with and without NOTIFY; a
 # burn-down of 100k jobs (CPU and allocations per job); pickup latency at
-# 1,000 jobs/s (BACKLOG_LATENCY_RATE=100 for another rate).
+# 1,000 jobs/s (BACKLOG_LATENCY_RATE=100 for another rate); the dashboard's
+# page times with 1M finished jobs (backlogui).
 measure:
 	BACKLOG_MEASURE=1 scripts/with-db.sh $(GO) test -count=1 -run 'TestMeasure' -v . | grep -E 'measure_test|ok|FAIL'
+	BACKLOG_MEASURE=1 scripts/with-db.sh $(GO) test -count=1 -timeout 20m -run 'TestMeasure' -v ./backlogui/ | grep -E 'measure_test|ok|FAIL'
 
 # Fault-tolerance suite (faults/): SIGKILLed worker processes, terminated
 # backends, cut/slow/blackholed connections (in-test TCP proxy), LISTEN loss,
@@ -65,3 +67,20 @@ measure:
 .PHONY: test-faults
 test-faults:
 	BACKLOG_FAULTS=1 scripts/with-db.sh $(GO) test -race -count=1 -v -timeout 15m ./faults/
+
+# Dashboard browser tests (backlogui/browsertest, its own module so the
+# library never depends on chromedp): a seeded queue driven in headless
+# Chromium, installed by scripts/chromium.sh when missing. Screenshots of
+# every page, light and dark, go to backlogui/browsertest/artifacts/
+# (git-ignored). About a minute. Without a browser they are skipped with a
+# loud message (a failure under BACKLOG_CI=1).
+.PHONY: test-ui ui-screenshots
+test-ui:
+	@browser=$$(scripts/chromium.sh) || { echo "!!! make test-ui: no Chromium could be found or installed: browser tests SKIPPED" >&2; [ -z "$$BACKLOG_CI" ] || exit 1; exit 0; }; \
+	cd backlogui/browsertest && BACKLOG_CHROMIUM=$$browser ../../scripts/with-db.sh $(GO) test -count=1 -v -timeout 5m .
+
+# Regenerates the README's dashboard screenshots (docs/overview.png,
+# docs/job.png) by running the browser tests.
+ui-screenshots:
+	@browser=$$(scripts/chromium.sh) || { echo "make ui-screenshots: no Chromium" >&2; exit 1; }; \
+	cd backlogui/browsertest && BACKLOG_CHROMIUM=$$browser BACKLOG_UI_DOCS=$(CURDIR)/docs ../../scripts/with-db.sh $(GO) test -count=1 -timeout 5m .
