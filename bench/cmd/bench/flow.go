@@ -27,7 +27,8 @@ func defineFlowRows(res *results) {
 	res.define("flow.nb", "flow: burn-down jobs/s, global limit 10,000 (not binding)", fmtRate, false)
 	res.define("flow.b50", "flow: burn-down jobs/s, global limit 50 (binding)", fmtRate, false)
 	res.define("flow.keys", "flow: burn-down jobs/s, 1,000 keys, 2 per key", fmtRate, false)
-	res.define("flow.util", "flow: utilisation of a limit of 50 with 20 ms jobs, % (running ÷ 50, sampled)", fmtDec, false)
+	res.define("flow.util", "flow: utilisation of a limit of 50 with 20 ms jobs, % (handlers running ÷ 50, sampled)", fmtDec, false)
+	res.define("flow.utildb", "flow: the same, % (jobs running in the database ÷ 50, sampled)", fmtDec, false)
 	res.define("flow.fair", "flow: small keys' p99 wait behind one big key, ms", fmtMs, false)
 	res.define("flow.rate", "flow: rate limit 100/s over 5 s, starts (ideal 500)", fmtInt, false)
 }
@@ -63,11 +64,14 @@ func runFlow(ctx context.Context, env *benchEnv, k kind, res *results) {
 			res.add(v.key, k.key, r)
 		}
 	}
-	if u, err := flowUtilisation(ctx, env); err != nil {
+	if u, udb, err := flowUtilisation(ctx, env); err != nil {
 		res.fail("flow.util", k.key, statusOf(err))
+		res.fail("flow.utildb", k.key, statusOf(err))
 		logf("flow: utilisation: %v", err)
 	} else {
 		res.add("flow.util", k.key, u)
+		res.add("flow.utildb", k.key, udb)
+		logf("flow: utilisation: handlers %.1f %%, database %.1f %%", u, udb)
 	}
 	if p99, err := flowFairness(ctx, env, bigKey); err != nil {
 		res.fail("flow.fair", k.key, statusOf(err))
@@ -188,19 +192,20 @@ func flowBurn(ctx context.Context, env *benchEnv, n int, limit *backlog.Limit, k
 }
 
 // flowUtilisation runs 20 ms jobs under a limit of 50 with 100 workers and
-// samples how many run at once.
-func flowUtilisation(ctx context.Context, env *benchEnv) (float64, error) {
-	q, _, closeAll, err := flowQueue(ctx, env)
+// samples how many run at once: handlers running, and jobs running in the
+// database (a slot is held from the claim to the written outcome).
+func flowUtilisation(ctx context.Context, env *benchEnv) (handlers, database float64, err error) {
+	q, pool, closeAll, err := flowQueue(ctx, env)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer closeAll()
 	const limit = 50
 	if err := q.SetLimit(ctx, benchType, backlog.Limit{Concurrency: limit}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := flowInsert(ctx, q, 20_000, 0, nil); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var running atomic.Int64
 	wctx, stop := context.WithCancel(ctx)
@@ -216,19 +221,24 @@ func flowUtilisation(ctx context.Context, env *benchEnv) (float64, error) {
 			return nil
 		}), backlog.Types(benchType), backlog.Concurrency(100))
 	})
+	defer func() { stop(); wg.Wait() }()
 	pause(ctx, time.Second) // ramp-up
-	var sum, samples float64
-	tick := time.NewTicker(5 * time.Millisecond)
+	count := `SELECT count(*) FROM ` + pgx.Identifier{q.Schema(), "jobs"}.Sanitize() + ` WHERE state = 'running'`
+	var sum, sumDB, samples float64
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
 	end := time.Now().Add(3 * time.Second)
 	for time.Now().Before(end) {
 		<-tick.C
 		sum += float64(running.Load())
+		var n int
+		if err := pool.QueryRow(ctx, count).Scan(&n); err != nil {
+			return 0, 0, err
+		}
+		sumDB += float64(n)
 		samples++
 	}
-	tick.Stop()
-	stop()
-	wg.Wait()
-	return 100 * sum / samples / limit, ctx.Err()
+	return 100 * sum / samples / limit, 100 * sumDB / samples / limit, ctx.Err()
 }
 
 // flowFairness enqueues big jobs of one key, then 5 jobs each of 50 small
