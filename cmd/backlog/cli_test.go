@@ -185,19 +185,20 @@ ID                                    TYPE   STATE      ATTEMPT  CREATED        
 xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx  email  available  0/25     YYYY-MM-DDTHH:MM:SSZ  -         env=prod,team=ops  -
 `+"next cursor: "+cursorOf(t, c, "--limit", "1", "--oldest-first", "--type", "email")+"\n")
 	golden(t, c.ok("show", id), `
-ID:          xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
-Type:        email
-State:       available
-Priority:    0
-Attempt:     0 of 25
-Timeout:     1m30s
-Tags:        -
-Worker:      -
-Created:     YYYY-MM-DDTHH:MM:SSZ
-Run at:      YYYY-MM-DDTHH:MM:SSZ
-Started:     -
-Finished:    -
-Last error:  -
+ID:            xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+Type:          email
+State:         available
+Priority:      0
+Attempt:       0 of 25
+Timeout:       1m30s
+Tags:          -
+Worker:        -
+Created:       YYYY-MM-DDTHH:MM:SSZ
+Run at:        YYYY-MM-DDTHH:MM:SSZ
+Started:       -
+Finished:      -
+Last error:    -
+Ordering key:  k1
 
 Args:
   {
