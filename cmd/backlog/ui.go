@@ -48,6 +48,10 @@ It has no authentication: it binds to loopback by default, and warns when
 			}
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
+				var opErr *net.OpError
+				if errors.As(err, &opErr) && opErr.Err != nil {
+					err = opErr.Err // "bind: address already in use", without the repeated address
+				}
 				return fmt.Errorf("listening on %s: %w", addr, err)
 			}
 			tcp, _ := ln.Addr().(*net.TCPAddr)

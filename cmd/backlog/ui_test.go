@@ -85,10 +85,10 @@ func waitOK(t *testing.T, url string) (*http.Response, string) {
 	}
 }
 
-// stopUI sends SIGINT and checks the command exits 0.
-func stopUI(t *testing.T, cmd *exec.Cmd) {
+// stopUI sends sig and checks the command exits 0.
+func stopUI(t *testing.T, cmd *exec.Cmd, sig os.Signal) {
 	t.Helper()
-	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+	if err := cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -96,10 +96,10 @@ func stopUI(t *testing.T, cmd *exec.Cmd) {
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatalf("backlog ui after SIGINT: %v, want exit 0", err)
+			t.Fatalf("backlog ui after %v: %v, want exit 0", sig, err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("backlog ui did not stop within 10s of SIGINT")
+		t.Fatalf("backlog ui did not stop within 10s of %v", sig)
 	}
 }
 
@@ -122,7 +122,7 @@ func TestUI(t *testing.T) {
 	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") {
 		t.Fatalf("Content-Security-Policy %q", csp)
 	}
-	stopUI(t, cmd)
+	stopUI(t, cmd, syscall.SIGINT)
 	if strings.Contains(stderr.String(), "warning") {
 		t.Fatalf("a loopback address warned:\n%s", stderr)
 	}
@@ -145,7 +145,7 @@ func TestUIBasePathReadOnly(t *testing.T) {
 	if resp.Request.URL.Path != "/admin/queue/" {
 		t.Fatalf("GET /admin/queue ended at %s", resp.Request.URL)
 	}
-	stopUI(t, cmd)
+	stopUI(t, cmd, syscall.SIGINT)
 }
 
 func TestUINotLoopback(t *testing.T) {
@@ -157,7 +157,7 @@ func TestUINotLoopback(t *testing.T) {
 		t.Fatalf("stdout's first line %q", line)
 	}
 	waitOK(t, "http://127.0.0.1:"+port+"/")
-	stopUI(t, cmd)
+	stopUI(t, cmd, syscall.SIGTERM)
 	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
 	if !strings.HasPrefix(lines[0], "backlog: warning: ") || !strings.Contains(lines[0], "without authentication") {
 		t.Fatalf("stderr's first line %q, want the warning\nstderr:\n%s", lines[0], stderr)
@@ -172,6 +172,13 @@ func TestUIBadUsage(t *testing.T) {
 	}
 	c.fail(exitUsage, "--base-path", "ui", "--base-path", "admin")
 	c.fail(exitFailure, "not migrated", "ui", "--addr", "127.0.0.1:0")
+	c.ok("migrate", "up")
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	c.fail(exitFailure, "listening on "+taken.Addr().String()+": bind: address already in use", "ui", "--addr", taken.Addr().String())
 	down := "DATABASE_URL=postgres://root@127.0.0.1:1/test?connect_timeout=5"
 	out, errs, code := c.runEnv([]string{down}, "ui", "--addr", "127.0.0.1:0")
 	c.checkFail([]string{"ui"}, out, errs, code, exitFailure, "cannot reach PostgreSQL at 127.0.0.1:1")
