@@ -255,6 +255,47 @@ func TestPagesRender(t *testing.T) {
 	require.Contains(t, u.page("/assets/style.css"), "prefers-color-scheme")
 }
 
+func TestFlowControlShown(t *testing.T) {
+	t.Parallel()
+	u := newUI(t)
+	ctx := context.Background()
+	require.NoError(t, u.q.SetLimit(ctx, seed.TypeEmail, backlog.Limit{Concurrency: 10, KeyConcurrency: 2}))
+	require.NoError(t, u.q.SetLimit(ctx, "export.report", backlog.Limit{Rate: 100, Per: time.Second, Burst: 5, RatePerKey: true}))
+	require.NoError(t, u.q.SetLimit(ctx, seed.XSSType, backlog.Limit{Rate: 5, Per: 90 * time.Minute, Burst: 1}))
+
+	// The types page: each limited type's limits, a limited type without
+	// jobs included, "none" for the others.
+	types := u.page("/types")
+	require.Contains(t, types, "<th scope=\"col\">Limits</th>")
+	require.Regexp(t, `<tr data-type="email.send">(.|\n)*?<li>concurrency 10</li><li>2 per concurrency key</li></ul>`, types)
+	require.Regexp(t, `<tr data-type="export.report">(.|\n)*?<li>rate 100/1s, burst 5, per key</li>`, types)
+	require.Regexp(t, `<tr data-type="&lt;script&gt;alert\(&#34;type&#34;\)&lt;/script&gt;">(.|\n)*?<li>rate 5/1h30m, burst 1</li>`, types)
+	require.Regexp(t, `<tr data-type="`+seed.TypeOK+`">(.|\n)*?<span class="muted">none</span>`, types)
+	require.NotContains(t, types, "<script>alert")
+	// The live refresh carries them too.
+	req, _ := http.NewRequest(http.MethodGet, u.srv.URL+"/types", nil)
+	req.Header.Set("X-Backlog-Live", "1")
+	resp, err := u.client.Do(req)
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(b), "<li>rate 100/1s, burst 5, per key</li>")
+
+	// The job page: the concurrency key with the job's other keys, each a
+	// link to the jobs that share it, escaped.
+	id, err := u.q.Enqueue(ctx, seed.TypeEmail, nil, backlog.OrderingKey("acct-<b>7</b>"),
+		backlog.UniqueKey(`welcome"><img src=x>`), backlog.ConcurrencyKey(`<script>alert(8)</script>`))
+	require.NoError(t, err)
+	detail := u.page("/jobs/" + id.String())
+	require.Contains(t, detail, `<dt>Ordering key</dt><dd><a href="/jobs?okey=acct-%3Cb%3E7%3C%2Fb%3E">acct-&lt;b&gt;7&lt;/b&gt;</a></dd>`)
+	require.Contains(t, detail, `<dt>Unique key</dt><dd><a href="/jobs?ukey=welcome%22%3E%3Cimg&#43;src%3Dx%3E">welcome&#34;&gt;&lt;img src=x&gt;</a></dd>`)
+	require.Contains(t, detail, `<dt>Concurrency key</dt><dd><a href="/jobs?ckey=%3Cscript%3Ealert%288%29%3C%2Fscript%3E">&lt;script&gt;alert(8)&lt;/script&gt;</a></dd>`)
+	require.NotContains(t, detail, "<script>alert(8)")
+	require.NotContains(t, detail, "<img src=x>")
+	// A job without keys shows none.
+	require.Regexp(t, `<dt>Concurrency key</dt><dd>—</dd>`, u.page("/jobs/"+u.jobs.Available[0].String()))
+}
+
 func TestSecurityHeaders(t *testing.T) {
 	t.Parallel()
 	u := newUI(t)

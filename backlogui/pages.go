@@ -30,6 +30,7 @@ type typeRow struct {
 	HasTimes                               bool
 	Paused                                 bool
 	PausedAt                               time.Time
+	Limit                                  *backlog.Limit // flow control (types page only); nil: none
 }
 
 type overviewData struct {
@@ -362,7 +363,26 @@ func (h *handler) types(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	h.render(w, r, h.newView(w, r, "types", "Types", &typesData{Types: typeRows(st, hour, paused)}))
+	limits, err := h.q.Limits(ctx)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	// Limited types without jobs are listed too, with their limits.
+	for _, l := range limits {
+		if st.ByType[l.Type] == nil {
+			st.ByType[l.Type] = map[backlog.State]int64{}
+		}
+	}
+	rows := typeRows(st, hour, paused)
+	for i := range rows {
+		for _, l := range limits {
+			if l.Type == rows[i].Type {
+				rows[i].Limit = &l.Limit
+			}
+		}
+	}
+	h.render(w, r, h.newView(w, r, "types", "Types", &typesData{Types: rows}))
 }
 
 func (h *handler) schedules(w http.ResponseWriter, r *http.Request) {

@@ -47,6 +47,20 @@ var funcs = template.FuncMap{
 	"qesc":     url.QueryEscape,
 	"since2":   func(a, b time.Time) time.Duration { return b.Sub(a) },
 	"args":     func(v *view, action, label string) btnArgs { return btnArgs{V: v, Action: action, Label: label} },
+	"rate":     rateText,
+}
+
+// rateText prints a rate as the CLI's --rate takes it: 100/1s, 5/1m,
+// 1/1h30m.
+func rateText(n int, per time.Duration) string {
+	s := per.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return strconv.Itoa(n) + "/" + s
 }
 
 // nav is the header's links.

@@ -1,7 +1,8 @@
 // Command backlog operates a backlog job queue from the shell: it migrates
 // the schema, lists, shows, retries, cancels, deletes and enqueues jobs,
 // pauses and resumes types, sets and removes their flow-control limits, and
-// reports stats, processes and schedules.
+// reports stats, processes and schedules; `backlog ui` serves the web
+// dashboard (backlogui).
 //
 // It connects to $DATABASE_URL (or --database-url) and works on one schema
 // (--schema, default "backlog"). Output is an aligned table by default and
@@ -118,7 +119,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage.`,
 	root.AddCommand(a.migrateCommand(), a.statsCommand(), a.listCommand(), a.showCommand(),
 		a.retryCommand(), a.cancelCommand(), a.deleteCommand(), a.pauseCommand(), a.resumeCommand(),
 		a.pausedCommand(), a.processesCommand(), a.schedulesCommand(), a.enqueueCommand(),
-		a.limitsCommand(), a.limitCommand())
+		a.limitsCommand(), a.limitCommand(), a.uiCommand())
 	return root
 }
 
