@@ -59,6 +59,20 @@ import (
 //     row never delays the others of a batch; the caller retries a skipped
 //     (busy) row on its own, where waiting delays nobody else.
 
+//
+// # Flow-control locks (migration 0009)
+//
+// A claim never takes a graph lock that waits: its job rows are FOR UPDATE
+// SKIP LOCKED. Before them it takes, in ascending hashtext(type) order,
+// each of its types' limit lock (pg_advisory_xact_lock_shared(hashtext(
+// schema.job_limits), hashtext(type))), then, for the types that have
+// limits or keyed jobs, each type's claim lock (the same, exclusive, on
+// schema.job_claims), and last the rows of job_limits, job_rates and
+// job_key_cursors of those types. SetLimit and RemoveLimit take one type's
+// limit lock exclusive before they touch its rows; the cleaner deletes
+// job_rates rows with SKIP LOCKED. None of these waits for a graph lock,
+// and no graph operation takes them, so the two orders cannot form a cycle.
+
 type graphSQL struct {
 	lockKeys, tryKeys, tails, lockPrereqs, insert, insertUnique, edges, liveHolders string
 	level, lockCancel, lockCancelSkip, blockedCount, splice, release                string
