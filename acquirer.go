@@ -368,9 +368,9 @@ func (a *acquirer) claimLoop(d *domain) {
 			a.store.release(surplus)
 			continue
 		case res.limited == store.LimitedWait:
-			// Slots are taken: a freed one is announced, and a limited
-			// domain also looks again within limitedPoll, for slots freed
-			// without an announcement (a sweep that failed a job, jobs
+			// Slots are taken: a freed one is announced (by the finish or
+			// the sweep), and a limited domain also looks again within
+			// limitedPoll, for slots freed without an announcement (jobs
 			// that started before the limit was set, a process of an
 			// older version).
 			d.errs.Reset()

@@ -471,3 +471,47 @@ func TestKeysOfOtherTagsDoNotStarveTheRest(t *testing.T) {
 		backlog.Concurrency(1), backlog.Types("tagged"))
 	e.waitState(z, 5*time.Second, backlog.StateCompleted)
 }
+
+// A job swept to failed (its lease expired on its last attempt) frees its
+// slot, and the sweep announces it: the next job starts at once, not at a
+// held-back domain's own look a second later.
+func TestSweptJobFreesItsSlotAtOnce(t *testing.T) {
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	ctx := context.Background()
+	require.NoError(t, e.q.SetLimit(ctx, "swept", backlog.Limit{Concurrency: 1}))
+	a, err := e.q.Enqueue(ctx, "swept", nil, backlog.MaxAttempts(1))
+	require.NoError(t, err)
+	started := make(chan uuid.UUID, 2)
+	release := make(chan struct{})
+	defer close(release)
+	work(t, e.q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		started <- job.ID
+		if job.ID == a {
+			<-release // stuck: its lease will be taken from it
+		}
+		return nil
+	}), backlog.Concurrency(2), backlog.Types("swept"))
+	require.Equal(t, a, <-started)
+	b, err := e.q.Enqueue(ctx, "swept", nil)
+	require.NoError(t, err)
+	select {
+	case id := <-started:
+		t.Fatalf("job %s started while the only slot was taken", id)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// The process holding a is cut off: its lease expires (a token it does
+	// not hold, so its heartbeat cannot renew it) and another sweeps.
+	_, err = e.pool.Exec(ctx, `UPDATE "`+e.schema+`".jobs SET lease_expires_at = now() - interval '1 second',
+		lease_token = gen_random_uuid() WHERE id = $1`, a)
+	require.NoError(t, err)
+	q2 := e.queue(e.pool)
+	_, err = q2.SweepExpired(ctx)
+	require.NoError(t, err)
+	select {
+	case id := <-started:
+		require.Equal(t, b, id)
+	case <-time.After(600 * time.Millisecond):
+		t.Fatal("the waiting job did not start when the sweep freed the slot")
+	}
+	e.waitState(a, 5*time.Second, backlog.StateFailed)
+}

@@ -286,7 +286,14 @@ func (m *maintenance) sweep(ctx context.Context) (int, error) {
 	for {
 		res, err := m.store.SweepExpired(ctx, sweepBatch)
 		total += res.Swept
-		m.announce.committed(postingsOf(res.Avail))
+		ps := postingsOf(res.Avail)
+		for _, t := range res.Types {
+			// A freed slot, for a claim held back by the type's
+			// concurrency limit, whatever its tags (the job itself may
+			// have failed or been cancelled).
+			ps = append(ps, posting{Type: t})
+		}
+		m.announce.committed(ps)
 		if res.Poisoned > 0 {
 			m.log.Error("backlog: expired jobs that could not be swept were failed", "jobs", res.Poisoned)
 		}

@@ -18,6 +18,9 @@ type SweepResult struct {
 	Swept    int     // jobs whose expired lease was ended
 	Poisoned int     // of those, jobs failed because their row could not be swept
 	Avail    []Avail // jobs made available again (to announce)
+	// Types of the jobs swept, each once: a job that stopped running
+	// freed a slot of its type's concurrency limit, if it has one.
+	Types []string
 }
 
 // SweepExpired ends up to limit expired leases: the jobs go back to
@@ -100,6 +103,9 @@ func (s *Store) sweepTx(ctx context.Context, ids []uuid.UUID, limit int, wait bo
 				return nil
 			}
 			res.Swept++
+			if !slices.Contains(res.Types, *typ) {
+				res.Types = append(res.Types, *typ)
+			}
 			if *state == "available" {
 				res.Avail = append(res.Avail, Avail{Type: *typ, Tags: slices.Clone(tags), RunAt: *runAt, In: time.Duration(*inMS) * time.Millisecond})
 			} else {
@@ -116,6 +122,11 @@ func (s *Store) sweepTx(ctx context.Context, ids []uuid.UUID, limit int, wait bo
 	}
 	out.Swept += res.Swept
 	out.Avail = append(out.Avail, res.Avail...)
+	for _, t := range res.Types {
+		if !slices.Contains(out.Types, t) {
+			out.Types = append(out.Types, t)
+		}
+	}
 	return nil
 }
 
