@@ -43,7 +43,7 @@ var (
 	batch  = flag.Int("batch", 1000, "jobs per claim")
 	conns  = flag.Int("conns", 2, "connections claiming and finishing")
 	runs   = flag.Int("runs", 3, "runs per design (alternating); medians are printed")
-	only   = flag.String("only", "update,move,move-part,move-part-brin,delete", "designs")
+	only   = flag.String("only", "update,move,move-part,move-part-brin,finish-fn,delete", "designs")
 	schema = "hotdesign"
 )
 
@@ -52,6 +52,9 @@ type design struct {
 	setup  string // extra DDL after the migration
 	finish string // $1 ids, $2 tokens
 	retire func(ctx context.Context, c *pgx.Conn) error
+	// retryBusy: finish returns the IDs of rows another transaction held
+	// (status 1), written again as backlog's completer does.
+	retryBusy bool
 }
 
 const cols = `id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms, worker,
@@ -144,6 +147,19 @@ CREATE TABLE ` + h + `_2 PARTITION OF ` + h + ` FOR VALUES FROM (now() + interva
 						return err
 					}
 				}
+				_, err := c.Exec(ctx, `VACUUM `+schema+`.jobs`)
+				return err
+			}},
+		{name: "finish-fn",
+			// backlog's own finish() (what the completer calls): the move
+			// with its fencing, counters, notices and dependents' check.
+			retryBusy: true,
+			finish: `SELECT id, status FROM ` + schema + `.finish($1::uuid[], $2::uuid[],
+	array_fill('completed'::text, ARRAY[cardinality($1::uuid[])]), array_fill(0::bigint, ARRAY[cardinality($1::uuid[])]),
+	array_fill(0, ARRAY[cardinality($1::uuid[])]), array_fill(NULL::jsonb, ARRAY[cardinality($1::uuid[])]),
+	array_fill(NULL::text, ARRAY[cardinality($1::uuid[])]), '{}'::uuid[], 'hotdesign', 86400000, 604800000, 10)
+WHERE status = 1`,
+			retire: func(ctx context.Context, c *pgx.Conn) error {
 				_, err := c.Exec(ctx, `VACUUM `+schema+`.jobs`)
 				return err
 			}},
@@ -289,9 +305,36 @@ func runOne(ctx context.Context, url string, d design) (burn, retire cost, err e
 				if len(ids) == 0 {
 					return
 				}
-				if _, err := pool.Exec(ctx, d.finish, pgx.QueryExecModeCacheDescribe, ids, tokens); err != nil {
-					errs <- err
-					return
+				for len(ids) > 0 {
+					if !d.retryBusy {
+						if _, err := pool.Exec(ctx, d.finish, pgx.QueryExecModeCacheDescribe, ids, tokens); err != nil {
+							errs <- err
+							return
+						}
+						break
+					}
+					rows, err := pool.Query(ctx, d.finish, pgx.QueryExecModeCacheDescribe, ids, tokens)
+					if err != nil {
+						errs <- err
+						return
+					}
+					busy, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([16]byte, error) {
+						var id [16]byte
+						var st int16
+						return id, r.Scan(&id, &st)
+					})
+					if err != nil {
+						errs <- err
+						return
+					}
+					tok := make(map[[16]byte][16]byte, len(ids))
+					for i := range ids {
+						tok[ids[i]] = tokens[i]
+					}
+					ids, tokens = busy, tokens[:0]
+					for _, b := range busy {
+						tokens = append(tokens, tok[b])
+					}
 				}
 			}
 		})
