@@ -15,6 +15,9 @@
 //   - move-part: the same into a history table partitioned by expiry (one
 //     partition a day, index on id in each).
 //   - move-part-brin: the same with a BRIN index on id instead of a btree.
+//   - finish-fn: backlog's own finish() (the statement its completer
+//     sends): the move into job_history with fencing, counters, notices
+//     and the dependents' check.
 //   - delete: finished rows deleted, nothing kept.
 package main
 
