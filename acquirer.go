@@ -37,6 +37,10 @@ type claimResult struct {
 	next time.Duration
 }
 
+// extraClaimMax bounds an extra claim: one started by a posting while the
+// domain's claim is in flight (see extraClaim).
+const extraClaimMax = 16
+
 // limitedPoll bounds how long a domain held back by a concurrency limit
 // waits before it looks again, announced or not.
 const limitedPoll = time.Second
@@ -103,6 +107,9 @@ type domain struct {
 	waiters  []*acquiree   // FIFO
 	querying bool          // a claim goroutine runs for this domain
 	pending  bool          // woken while querying: query again
+	extra    bool          // an extra claim (extraClaim) is in flight
+	extraK   int           // how many jobs it asked for
+	short    bool          // the last claim came back short and unlimited: no backlog
 	parked   bool          // the last claim came back short: wait for a wake
 	poll     *acqTimer     // backup poll, armed while parked
 	retry    *acqTimer     // after a failed claim, or one that skipped locked jobs
@@ -165,9 +172,9 @@ func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*Job, error) 
 	case <-ctx.Done():
 	}
 	a.mu.Lock()
-	if d.querying {
+	if d.busyLocked() {
 		if d.indexLocked(w) >= 0 {
-			w.gone = true // the claim in flight answers it
+			w.gone = true // a claim in flight answers it
 		}
 	} else if d.removeLocked(w) {
 		a.gcLocked(d)
@@ -222,7 +229,7 @@ func (a *acquirer) leave(spec *domainSpec, workers int) []*Job {
 	if d.users > 0 {
 		return nil
 	}
-	for d.querying {
+	for d.busyLocked() {
 		if d.idle == nil {
 			d.idle = make(chan struct{})
 		}
@@ -275,15 +282,13 @@ func (a *acquirer) claimLoop(d *domain) {
 	defer a.wg.Done()
 	for {
 		a.mu.Lock()
-		wanted := 0
-		for _, w := range d.waiters {
-			if !w.gone {
-				wanted++
-			}
-		}
+		// Waiters an extra claim in flight asked for are not counted.
+		wanted := max(d.wantedLocked()-d.extraK, 0)
 		k := wanted + d.deficitLocked()
 		if k == 0 || a.closed {
-			d.answerGoneLocked()
+			if !d.extra {
+				d.answerGoneLocked()
+			}
 			a.endClaimLocked(d)
 			a.gcLocked(d)
 			a.mu.Unlock()
@@ -317,7 +322,10 @@ func (a *acquirer) claimLoop(d *domain) {
 			d.waiters[i].ch <- acquired{job: jobs[i]}
 		}
 		d.waiters = append([]*acquiree(nil), d.waiters[n:]...)
-		d.answerGoneLocked()
+		if !d.extra {
+			d.answerGoneLocked()
+		}
+		d.short = err == nil && len(jobs) < k && res.limited == store.LimitedNone
 		var surplus []*Job // only if the acquirer closed during the claim
 		if a.closed {
 			surplus = jobs[n:]
@@ -409,10 +417,106 @@ func (a *acquirer) claimLoop(d *domain) {
 // endClaimLocked ends the domain's claim goroutine's clearance.
 func (a *acquirer) endClaimLocked(d *domain) {
 	d.querying = false
-	if d.idle != nil {
+	d.idleLocked()
+}
+
+// busyLocked reports whether a claim of the domain is in flight.
+func (d *domain) busyLocked() bool { return d.querying || d.extra }
+
+// idleLocked tells leave once no claim of the domain is in flight.
+func (d *domain) idleLocked() {
+	if !d.busyLocked() && d.idle != nil {
 		close(d.idle)
 		d.idle = nil
 	}
+}
+
+// wantedLocked counts the waiters whose contexts have not ended.
+func (d *domain) wantedLocked() int {
+	n := 0
+	for _, w := range d.waiters {
+		if !w.gone {
+			n++
+		}
+	}
+	return n
+}
+
+// maybeExtraLocked starts an extra claim when a posting lands while the
+// domain's claim is in flight, the domain has no backlog (its last claim
+// came back short, not held back by a limit) and waiters wait: the claim
+// in flight cannot see the posted jobs (its snapshot is older), and
+// without an extra claim they would wait for it to end and for the next
+// one. This halves pickup latency at moderate rates, when claims and
+// postings overlap. At most one extra claim runs, of at most
+// extraClaimMax jobs; a domain with a backlog never starts one (its
+// claims come back full and it queries again at once anyway).
+func (a *acquirer) maybeExtraLocked(d *domain) {
+	if a.closed || d.extra || !d.querying || !d.short {
+		return
+	}
+	k := min(d.wantedLocked(), extraClaimMax)
+	if k == 0 {
+		return
+	}
+	d.extra, d.extraK = true, k
+	d.pending = false // the extra claim's snapshot sees what was posted
+	a.wg.Add(1)
+	go a.extraClaim(d, k)
+}
+
+// extraClaim runs one extra claim (maybeExtraLocked) and hands out what
+// it took. What follows is left to the domain's claim loop when it still
+// runs: told to query again (pending) when the extra claim came back full
+// or failed. When the loop has ended meanwhile, the extra claim does what
+// the loop would have.
+func (a *acquirer) extraClaim(d *domain, k int) {
+	defer a.wg.Done()
+	res, err := a.store.claim(a.ctx, d.spec, k, k)
+	jobs := res.jobs
+	if err == nil && len(jobs) > k {
+		a.log.Error("backlog: claim returned more jobs than asked; releasing the extra",
+			"asked", k, "got", len(jobs), "types", d.spec.types)
+		a.store.release(jobs[k:])
+		jobs = jobs[:k]
+	}
+	a.mu.Lock()
+	d.extra, d.extraK = false, 0
+	now := time.Now()
+	n := min(len(jobs), len(d.waiters))
+	if a.closed {
+		n = 0
+	}
+	d.tickLocked(now, len(d.waiters))
+	for i := range n {
+		d.handLocked(jobs[i], now)
+		d.waiters[i].ch <- acquired{job: jobs[i]}
+	}
+	d.waiters = append([]*acquiree(nil), d.waiters[n:]...)
+	var surplus []*Job
+	if a.closed {
+		surplus = jobs[n:]
+	} else {
+		d.putLocked(jobs[n:])
+	}
+	again := err != nil || len(jobs) == k || res.limited != store.LimitedNone
+	if d.querying {
+		// The loop goes on; it answers the waiters whose contexts ended.
+		if again {
+			d.pending = true
+		}
+	} else {
+		d.answerGoneLocked()
+		d.idleLocked()
+		if again || res.skipped {
+			// More may be due, a limit needs the loop's handling, or
+			// locked jobs must be looked at again: as if woken.
+			a.wakeLocked(d)
+		}
+		a.gcLocked(d)
+	}
+	a.mu.Unlock()
+	a.store.release(surplus)
 }
 
 // answerGoneLocked answers the acquirees whose contexts ended during the
@@ -444,6 +548,7 @@ func (a *acquirer) retryLocked(d *domain, wait time.Duration) {
 func (a *acquirer) wakeLocked(d *domain) {
 	if d.querying {
 		d.pending = true
+		a.maybeExtraLocked(d)
 		return
 	}
 	d.parked = false
@@ -470,7 +575,7 @@ func (a *acquirer) armPollLocked(d *domain) {
 // acquiree to arrive queries at once), and deletes it when no Work call
 // has joined it and it holds no job.
 func (a *acquirer) gcLocked(d *domain) {
-	if len(d.waiters) > 0 || d.querying {
+	if len(d.waiters) > 0 || d.busyLocked() {
 		return
 	}
 	a.stopTimer(&d.poll)
@@ -569,13 +674,13 @@ func (a *acquirer) close() {
 		a.closed = true
 		for _, d := range a.domains {
 			for _, w := range d.waiters {
-				if d.querying {
-					w.gone = true // the claim in flight answers it
+				if d.busyLocked() {
+					w.gone = true // a claim in flight answers it
 				} else {
 					w.ch <- acquired{err: ErrClosed}
 				}
 			}
-			if !d.querying {
+			if !d.busyLocked() {
 				d.waiters = nil
 			}
 			a.stopTimer(&d.poll)

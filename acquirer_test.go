@@ -23,12 +23,14 @@ type fakeStore struct {
 	mu       sync.Mutex
 	jobs     []*fakeJob
 	locked   []*fakeJob // held by "another transaction": claims skip them
-	inFlight map[string]bool
+	inFlight map[string]int // claims in flight per domain: at most 2 (the loop's and an extra one)
 	overlap  []string
 	calls    []fakeCall
 	released []*Job
 	errs     []error       // returned by the next claims, in order
 	gate     chan struct{} // when set, each claim waits for one receive
+	gates    []chan struct{} // when set, the claim entering n-th waits for gates[n] to close (if any)
+	entries  int
 	entered  chan string   // when set, each claim reports its domain on entry
 	delay    time.Duration // each claim takes this long (fake time)
 }
@@ -43,7 +45,7 @@ type fakeCall struct {
 	k, took int
 }
 
-func newFakeStore() *fakeStore { return &fakeStore{inFlight: map[string]bool{}} }
+func newFakeStore() *fakeStore { return &fakeStore{inFlight: map[string]int{}} }
 
 func (f *fakeStore) add(typ string, tags map[string]string, in time.Duration) *Job {
 	f.mu.Lock()
@@ -55,14 +57,25 @@ func (f *fakeStore) add(typ string, tags map[string]string, in time.Duration) *J
 
 func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k, _ int) (claimResult, error) {
 	f.mu.Lock()
-	if f.inFlight[d.key] {
+	if f.inFlight[d.key] >= 2 {
 		f.overlap = append(f.overlap, d.key)
 	}
-	f.inFlight[d.key] = true
+	f.inFlight[d.key]++
 	gate, entered := f.gate, f.entered
+	var nth chan struct{}
+	if f.entries < len(f.gates) {
+		nth = f.gates[f.entries]
+	}
+	f.entries++
 	f.mu.Unlock()
 	if entered != nil {
 		entered <- d.key
+	}
+	if nth != nil {
+		select {
+		case <-nth:
+		case <-ctx.Done():
+		}
 	}
 	if gate != nil {
 		select {
@@ -75,7 +88,7 @@ func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k, _ int) (claimRe
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	defer func() { f.inFlight[d.key] = false }()
+	defer func() { f.inFlight[d.key]-- }()
 	if len(f.errs) > 0 {
 		err := f.errs[0]
 		f.errs = f.errs[1:]
@@ -156,7 +169,7 @@ func (f *fakeStore) check(t *testing.T) {
 	t.Helper()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	require.Empty(t, f.overlap, "two claims of one domain overlapped")
+	require.Empty(t, f.overlap, "more than two claims of one domain overlapped")
 }
 
 const testPoll = 30 * time.Second
@@ -354,6 +367,66 @@ func TestAcquirerPendingPostingMidClaim(t *testing.T) {
 		require.Equal(t, want.ID, ta.success().ID)
 		require.Equal(t, 2, st.callCount())
 		st.gate = nil
+	})
+}
+
+func TestAcquirerExtraClaimWhileClaimInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		st.entered = make(chan string, 10)
+		st.gates = []chan struct{}{make(chan struct{}), make(chan struct{}), make(chan struct{})}
+		a := newTestAcquirer(t, st)
+		d := spec(t, []string{"a"}, nil)
+		ta := startAcquiree(t, a, d)
+		<-st.entered // claim 0
+		close(st.gates[0])
+		synctest.Wait() // nothing: the domain parks, with no backlog
+		a.post(posting{Type: "a"})
+		<-st.entered // claim 1: in flight, its snapshot older than the job below
+		want := st.add("a", nil, 0)
+		a.post(posting{Type: "a"})
+		<-st.entered // claim 2: the extra claim, at once
+		close(st.gates[2])
+		synctest.Wait()
+		// The waiter has the job while claim 1 is still in flight.
+		require.Equal(t, want.ID, ta.success().ID)
+		close(st.gates[1])
+		synctest.Wait()
+		// The extra claim came back full (1 of 1), so the loop was told to
+		// query again; with no waiter left and no buffer, it does not.
+		require.Equal(t, 3, st.callCount())
+	})
+}
+
+func TestAcquirerNoExtraClaimWithBacklog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := newFakeStore()
+		st.entered = make(chan string, 10)
+		st.gates = []chan struct{}{make(chan struct{}), make(chan struct{})}
+		a := newTestAcquirer(t, st)
+		d := spec(t, []string{"a"}, nil)
+		st.add("a", nil, 0)
+		st.add("a", nil, 0)
+		ta := startAcquiree(t, a, d)
+		<-st.entered // claim 0 asks for 1 and gets 1: a backlog
+		close(st.gates[0])
+		synctest.Wait()
+		ta.success()
+		tb := startAcquiree(t, a, d)
+		tc := startAcquiree(t, a, d)
+		<-st.entered // claim 1 (the buffer was empty)
+		st.add("a", nil, 0)
+		a.post(posting{Type: "a"}) // no extra claim: the loop queries again after claim 1
+		synctest.Wait()
+		select {
+		case k := <-st.entered:
+			t.Fatalf("an extra claim started (%s) although the domain had a backlog", k)
+		default:
+		}
+		close(st.gates[1])
+		synctest.Wait()
+		tb.success()
+		tc.success()
 	})
 }
 
