@@ -48,8 +48,10 @@ const limitedPoll = time.Second
 // acquirer hands claimed jobs to workers ("acquirees").
 //
 // Acquirees that want the same job types with the same worker tags form a
-// domain. At most one claim query per domain is in flight at any time (the
-// domain's claim goroutine holds the clearance); it asks for k jobs, k being
+// domain. One claim loop per domain runs at a time (the domain's claim
+// goroutine holds the clearance), plus at most one extra claim started by a
+// posting that lands while the loop's claim is in flight (maybeExtraLocked);
+// the loop's claim asks for k jobs, k being
 // the number of the domain's acquirees waiting when it starts plus what its
 // prefetch buffer lacks, and hands them out first come, first served. At
 // low load a claim takes one job with no added delay; under load, acquirees
