@@ -22,13 +22,13 @@ import (
 type fakeStore struct {
 	mu       sync.Mutex
 	jobs     []*fakeJob
-	locked   []*fakeJob // held by "another transaction": claims skip them
+	locked   []*fakeJob     // held by "another transaction": claims skip them
 	inFlight map[string]int // claims in flight per domain: at most 2 (the loop's and an extra one)
 	overlap  []string
 	calls    []fakeCall
 	released []*Job
-	errs     []error       // returned by the next claims, in order
-	gate     chan struct{} // when set, each claim waits for one receive
+	errs     []error         // returned by the next claims, in order
+	gate     chan struct{}   // when set, each claim waits for one receive
 	gates    []chan struct{} // when set, the claim entering n-th waits for gates[n] to close (if any)
 	entries  int
 	entered  chan string   // when set, each claim reports its domain on entry
