@@ -112,6 +112,8 @@ type domain struct {
 	extra    bool          // an extra claim (extraClaim) is in flight
 	extraK   int           // how many jobs it asked for
 	short    bool          // the last claim came back short and unlimited: no backlog
+	posted   int           // postings since the loop's claim started
+	slots    bool          // a claim took jobs holding slots of a limit: no extra claims
 	parked   bool          // the last claim came back short: wait for a wake
 	poll     *acqTimer     // backup poll, armed while parked
 	retry    *acqTimer     // after a failed claim, or one that skipped locked jobs
@@ -296,7 +298,7 @@ func (a *acquirer) claimLoop(d *domain) {
 			a.mu.Unlock()
 			return
 		}
-		d.pending = false
+		d.pending, d.posted = false, 0
 		started := time.Now()
 		d.startClaimLocked(started, len(d.waiters))
 		a.mu.Unlock()
@@ -328,6 +330,7 @@ func (a *acquirer) claimLoop(d *domain) {
 			d.answerGoneLocked()
 		}
 		d.short = err == nil && len(jobs) < k && res.limited == store.LimitedNone
+		d.slots = d.slots || holdsSlots(jobs)
 		var surplus []*Job // only if the acquirer closed during the claim
 		if a.closed {
 			surplus = jobs[n:]
@@ -422,6 +425,17 @@ func (a *acquirer) endClaimLocked(d *domain) {
 	d.idleLocked()
 }
 
+// holdsSlots reports whether any of jobs holds a slot of a concurrency
+// limit.
+func holdsSlots(jobs []*Job) bool {
+	for _, j := range jobs {
+		if j.slot {
+			return true
+		}
+	}
+	return false
+}
+
 // busyLocked reports whether a claim of the domain is in flight.
 func (d *domain) busyLocked() bool { return d.querying || d.extra }
 
@@ -446,7 +460,8 @@ func (d *domain) wantedLocked() int {
 
 // maybeExtraLocked starts an extra claim when a posting lands while the
 // domain's claim is in flight, the domain has no backlog (its last claim
-// came back short, not held back by a limit) and waiters wait: the claim
+// came back short, not held back by a limit), its types hold no slots of
+// a concurrency limit (seen in what its claims took) and waiters wait: the claim
 // in flight cannot see the posted jobs (its snapshot is older), and
 // without an extra claim they would wait for it to end and for the next
 // one. This halves pickup latency at moderate rates, when claims and
@@ -454,10 +469,13 @@ func (d *domain) wantedLocked() int {
 // extraClaimMax jobs; a domain with a backlog never starts one (its
 // claims come back full and it queries again at once anyway).
 func (a *acquirer) maybeExtraLocked(d *domain) {
-	if a.closed || d.extra || !d.querying || !d.short {
+	d.posted++
+	if a.closed || d.extra || !d.querying || !d.short || d.slots {
 		return
 	}
-	k := min(d.wantedLocked(), extraClaimMax)
+	// As many jobs as postings landed (each announces at least one job),
+	// for waiters the claim in flight may not serve.
+	k := min(d.wantedLocked(), d.posted, extraClaimMax)
 	if k == 0 {
 		return
 	}
@@ -496,23 +514,35 @@ func (a *acquirer) extraClaim(d *domain, k int) {
 	}
 	d.waiters = append([]*acquiree(nil), d.waiters[n:]...)
 	var surplus []*Job
-	if a.closed {
+	if a.closed || d.targetLocked() == 0 || holdsSlots(jobs) {
+		// Jobs no waiter took (the loop's claim served them meanwhile)
+		// go back unless the domain keeps a buffer: a leased job must not
+		// wait in a buffer nobody sized, nor hold a limit's slot there.
 		surplus = jobs[n:]
 	} else {
 		d.putLocked(jobs[n:])
 	}
-	again := err != nil || len(jobs) == k || res.limited != store.LimitedNone
+	d.slots = d.slots || holdsSlots(jobs)
+	full := err == nil && len(jobs) == k
+	if full {
+		d.short = false // a backlog, perhaps: the loop's claims take it
+	}
+	again := err != nil || full || res.skipped || res.limited != store.LimitedNone
 	if d.querying {
-		// The loop goes on; it answers the waiters whose contexts ended.
+		// The loop goes on, told to query again when this claim saw more
+		// (or failed); it answers the waiters whose contexts ended.
 		if again {
 			d.pending = true
 		}
 	} else {
+		// The loop ended meanwhile. It may have ended without parking
+		// (nothing to ask for while this claim was counted for its
+		// waiters), and postings may have landed since: unless the loop
+		// parked or armed a retry with nothing pending, look again, as if
+		// woken.
 		d.answerGoneLocked()
 		d.idleLocked()
-		if again || res.skipped {
-			// More may be due, a limit needs the loop's handling, or
-			// locked jobs must be looked at again: as if woken.
+		if again || d.pending || (!d.parked && d.retry == nil && len(d.waiters) > 0) {
 			a.wakeLocked(d)
 		}
 		a.gcLocked(d)

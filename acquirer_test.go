@@ -810,7 +810,19 @@ func TestAcquirerCloseReleasesTheBuffer(t *testing.T) {
 		released := st.released
 		st.mu.Unlock()
 		require.NotEmpty(t, released, "the buffer goes back")
-		requireDistinct(t, got, released)
+		// A claim in flight at close may take jobs the close just gave
+		// back and give them back again (the fake store, like the
+		// database, makes released jobs claimable): count each once. No
+		// job handed out may be among them.
+		once := map[*Job]bool{}
+		var back []*Job
+		for _, j := range released {
+			if !once[j] {
+				once[j] = true
+				back = append(back, j)
+			}
+		}
+		requireDistinct(t, got, back)
 		require.Empty(t, a.leave(d, 4))
 		st.check(t)
 	})
