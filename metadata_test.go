@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
@@ -170,6 +171,48 @@ func TestMetadataInvalid(t *testing.T) {
 	fromHook = map[string]string{"k": big[:backlog.MaxMetadataBytes-len(`{"k":""}`)]}
 	_, err = e.q.Enqueue(ctx, "bad", nil)
 	require.NoError(t, err)
+}
+
+// TestMetadataExecModes: the claim's text columns (a pool whose statements
+// are not described, as behind PgBouncer) carry metadata too.
+func TestMetadataExecModes(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx := context.Background()
+			cfg, err := pgxpool.ParseConfig(testdb.URL())
+			require.NoError(t, err)
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			cfg.MaxConns = 4
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close) // after the queue's Close, registered below
+			e := &env{t: t, pool: pool, schema: testdb.Schema(t)}
+			e.q = e.queue(pool)
+			require.NoError(t, e.q.Migrate(ctx))
+			want := map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+			with, err := e.q.Enqueue(ctx, "mode", nil, backlog.Metadata(want))
+			require.NoError(t, err)
+			without, err := e.q.Enqueue(ctx, "mode", nil)
+			require.NoError(t, err)
+			got := make(chan *backlog.Job, 2)
+			stop := work(t, e.q, backlog.HandlerFunc(func(_ context.Context, j *backlog.Job) error {
+				got <- j
+				return nil
+			}), backlog.Types("mode"))
+			for range 2 {
+				j := <-got
+				switch j.ID {
+				case with:
+					require.Equal(t, want, j.Metadata)
+				case without:
+					require.Nil(t, j.Metadata)
+				}
+			}
+			require.NoError(t, stop())
+			require.Equal(t, want, e.waitState(with, 10*time.Second, backlog.StateCompleted).Metadata)
+		})
+	}
 }
 
 // TestMetadataOldClaims: processes of versions 9 and 10 claim through
