@@ -78,28 +78,57 @@ func (q *Queue) enqueue(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]uuid
 	return ids, nil
 }
 
-// insert is insertSpecs with the Enqueued hook.
+// insert is insertSpecs with the Enqueuing and Enqueued hooks.
 func (q *Queue) insert(ctx context.Context, tx pgx.Tx, own bool, specs []JobSpec) (out []Inserted, posts []posting, err error) {
-	if h := q.cfg.hooks.Enqueued; h != nil {
+	hooks := q.cfg.hooks
+	if hooks.Enqueuing == nil && hooks.Enqueued == nil {
+		return q.insertSpecs(ctx, tx, own, specs)
+	}
+	typ := ""
+	for i, s := range specs {
+		if i == 0 {
+			typ = s.Type
+		} else if s.Type != typ {
+			typ = ""
+			break
+		}
+	}
+	hctx := ctx
+	if h := hooks.Enqueuing; h != nil {
+		c, meta := h(ctx, EnqueueEvent{Type: typ, Jobs: len(specs)})
+		if c != nil {
+			hctx = c
+		}
+		specs = withMetadata(specs, meta)
+	}
+	if h := hooks.Enqueued; h != nil {
 		start := time.Now()
 		defer func() {
-			ev := EnqueueEvent{Jobs: len(specs), Duration: time.Since(start), Err: err}
-			for i, s := range specs {
-				if i == 0 {
-					ev.Type = s.Type
-				} else if s.Type != ev.Type {
-					ev.Type = ""
-				}
-			}
+			ev := EnqueueEvent{Type: typ, Jobs: len(specs), Duration: time.Since(start), Err: err}
 			for _, r := range out {
 				if r.Duplicate {
 					ev.Duplicates++
 				}
 			}
-			h(ctx, ev)
+			h(hctx, ev)
 		}()
 	}
 	return q.insertSpecs(ctx, tx, own, specs)
+}
+
+// withMetadata returns specs with meta put before each one's options, so
+// that the jobs' own Metadata options win; specs itself is not changed.
+func withMetadata(specs []JobSpec, meta map[string]string) []JobSpec {
+	if len(meta) == 0 {
+		return specs
+	}
+	opt := Metadata(meta)
+	out := make([]JobSpec, len(specs))
+	for i, s := range specs {
+		s.Options = append([]EnqueueOption{opt}, s.Options...)
+		out[i] = s
+	}
+	return out
 }
 
 // insertSpecs validates and inserts specs: in tx when given (the caller's,

@@ -10,6 +10,17 @@ import (
 // them. Every field is optional. Callbacks run synchronously on the
 // enqueue and job paths: keep them fast, and safe for concurrent use.
 type Hooks struct {
+	// Enqueuing is called at the start of every Enqueue*, InsertMany and
+	// periodic enqueue call, before anything is validated or written (ev
+	// has Type and Jobs; Duplicates, Duration and Err are zero). The map
+	// it returns is merged into the metadata of every job of the call
+	// (see Metadata; the jobs' own Metadata options win for the same key),
+	// and is validated with it: a map too large fails the call with an
+	// *InputError naming "metadata". A nil or empty map adds nothing. The
+	// context it returns is the one Enqueued gets for the same call (so a
+	// span can start here and end there); nil keeps ctx. The enqueue
+	// itself runs on the caller's ctx.
+	Enqueuing func(ctx context.Context, ev EnqueueEvent) (context.Context, map[string]string)
 	// Enqueued is called after every Enqueue*, InsertMany and periodic
 	// enqueue call, successful or not.
 	Enqueued func(ctx context.Context, ev EnqueueEvent)

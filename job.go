@@ -50,6 +50,9 @@ type Job struct {
 	Timeout     time.Duration // 0: none
 	CreatedAt   time.Time
 	RunAt       time.Time // when the job was due
+	// Metadata is what the job was enqueued with (Metadata, and the
+	// Enqueuing hook's): trace context, for one. nil when it has none.
+	Metadata map[string]string
 
 	token  uuid.UUID
 	lease  *heldLease
@@ -114,6 +117,8 @@ type JobInfo struct {
 	// The job's keys ("" when it has none): OrderingKey, UniqueKey and
 	// ConcurrencyKey.
 	OrderingKey, UniqueKey, ConcurrencyKey string
+	// Metadata is the job's metadata (nil when it has none).
+	Metadata map[string]string
 }
 
 // Err is nil when the job completed. Otherwise it says why not: for a

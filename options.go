@@ -203,7 +203,7 @@ func WithRetryBackoff(b Backoff) Option { return queueOption(func(c *config) { c
 
 // EnqueueOption configures one job at enqueue time: Tags, Priority, RunAt,
 // Delay, MaxAttempts, Timeout, DependsOn, OrderingKey, UniqueKey,
-// ConcurrencyKey, and, for
+// ConcurrencyKey, Metadata, and, for
 // periodic jobs only, CatchUp.
 type EnqueueOption interface{ applyEnqueue(*enqueueConfig) }
 
@@ -218,6 +218,7 @@ type enqueueConfig struct {
 	orderingKey string
 	uniqueKey   string
 	concKey     string
+	meta        map[string]string
 	catchUp     int // periodic jobs only
 }
 
@@ -303,6 +304,29 @@ func UniqueKey(key string) EnqueueOption {
 // none.
 func ConcurrencyKey(key string) EnqueueOption {
 	return enqueueFunc(func(c *enqueueConfig) { c.concKey = key })
+}
+
+// Metadata attaches string pairs to the job that are not its input: trace
+// context (the W3C traceparent of the request that enqueued it, which is
+// what the otelbacklog module writes through the Enqueuing hook), who
+// asked for it, a request ID. Handlers read them in Job.Metadata, and
+// Queue.Job and List return them. Several Metadata options merge, a later
+// value winning for the same key; they win over what the Enqueuing hook
+// returns. Keys must not be empty; keys and values must be valid UTF-8
+// without NUL bytes, and their JSON encoding at most MaxMetadataBytes.
+// Defaults to none (the job's column is NULL).
+func Metadata(m map[string]string) EnqueueOption {
+	return enqueueFunc(func(c *enqueueConfig) {
+		if len(m) == 0 {
+			return
+		}
+		if c.meta == nil {
+			c.meta = make(map[string]string, len(m))
+		}
+		for k, v := range m {
+			c.meta[k] = v
+		}
+	})
 }
 
 // WorkOption configures one Work call: Concurrency, Prefetch, WorkerTags,

@@ -201,7 +201,7 @@ func infoOf(r store.Row) (*JobInfo, error) {
 	info := &JobInfo{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, State: State(r.State), Priority: r.Priority,
 		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Timeout: r.Timeout, Worker: r.Worker, Result: r.Result,
 		LastError: r.LastError, CreatedAt: r.CreatedAt, RunAt: r.RunAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
-		OrderingKey: r.OrderingKey, UniqueKey: r.UniqueKey, ConcurrencyKey: r.ConcurrencyKey}
+		OrderingKey: r.OrderingKey, UniqueKey: r.UniqueKey, ConcurrencyKey: r.ConcurrencyKey, Metadata: r.Meta}
 	if len(r.Errors) > 0 {
 		if err := json.Unmarshal(r.Errors, &info.Errors); err != nil {
 			return nil, fmt.Errorf("decoding errors of job %s: %w", r.ID, err)

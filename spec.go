@@ -161,6 +161,10 @@ func buildJob(s JobSpec) (store.GraphJob, error) {
 	if err := validateKey("concurrency key", c.concKey); err != nil {
 		return store.GraphJob{}, err
 	}
+	meta, err := validateMetadata(c.meta)
+	if err != nil {
+		return store.GraphJob{}, err
+	}
 	var deps []uuid.UUID
 	seen := map[uuid.UUID]bool{}
 	for _, d := range c.dependsOn {
@@ -188,7 +192,7 @@ func buildJob(s JobSpec) (store.GraphJob, error) {
 	return store.GraphJob{
 		NewJob: store.NewJob{ID: id, Type: s.Type, Args: args, Tags: tags, Priority: int16(c.priority), RunAt: c.runAt,
 			Delay: ceilMillis(c.delay), MaxAttempts: int32(c.maxAttempts), Timeout: ceilMillis(c.timeout),
-			ConcurrencyKey: c.concKey},
+			ConcurrencyKey: c.concKey, Meta: meta},
 		DependsOn: deps, OrderingKey: c.orderingKey, UniqueKey: c.uniqueKey,
 	}, nil
 }

@@ -24,6 +24,7 @@ const (
 	MaxAttemptsLimit = 1_000_000 // the largest MaxAttempts
 	MaxBatchJobs     = 10_000    // jobs in one EnqueueMany, EnqueueManyTx or InsertMany call
 	MaxWorkerIDBytes = 200       // length of WithWorkerID
+	MaxMetadataBytes = 4096      // the JSON encoding of one job's metadata
 )
 
 var schemaRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
@@ -77,6 +78,37 @@ func validateTags(field string, tags map[string]string) error {
 		return invalid(field, "%d bytes of tags (JSON) exceeds the %d-byte limit", size, MaxTagsBytes)
 	}
 	return nil
+}
+
+// validateMetadata checks a job's metadata: keys not empty, keys and
+// values valid UTF-8 without NUL bytes, and its JSON encoding (returned,
+// nil when there is none) within MaxMetadataBytes.
+func validateMetadata(m map[string]string) (json.RawMessage, error) {
+	if len(m) == 0 {
+		return nil, nil
+	}
+	for k, v := range m {
+		switch {
+		case k == "":
+			return nil, invalid("metadata", "empty key")
+		case strings.IndexByte(k, 0) >= 0:
+			return nil, invalid("metadata", "key %q contains a NUL byte", k)
+		case strings.IndexByte(v, 0) >= 0:
+			return nil, invalid("metadata", "%q: value contains a NUL byte", k)
+		case !utf8.ValidString(k) || !utf8.ValidString(v):
+			return nil, invalid("metadata", "%q is not valid UTF-8", k)
+		case len(k)+len(v) > MaxMetadataBytes:
+			return nil, invalid("metadata", "%q: %d bytes exceeds the %d-byte limit", k, len(k)+len(v), MaxMetadataBytes)
+		}
+	}
+	b, err := json.Marshal(m) // strings only: cannot fail
+	if err != nil {
+		return nil, invalid("metadata", "%v", err)
+	}
+	if len(b) > MaxMetadataBytes {
+		return nil, invalid("metadata", "%d bytes (JSON) exceeds the %d-byte limit", len(b), MaxMetadataBytes)
+	}
+	return b, nil
 }
 
 // validateStoredJSON checks that valid JSON text can be stored as jsonb:

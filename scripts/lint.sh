@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Lint the library, the CLI module (cmd/backlog) and the dashboard's
-# browser tests (backlogui/browsertest): gofmt, go vet and staticcheck. Run
-# from anywhere.
+# Lint the library, the CLI module (cmd/backlog), the OpenTelemetry module
+# (otelbacklog) and the dashboard's browser tests (backlogui/browsertest):
+# gofmt, go vet and staticcheck. Run from anywhere.
 #
 # staticcheck is a tool dependency of the tools/ module (pinned in
 # tools/go.mod; 2026.2.2 is module version v0.8.2), so the library's go.mod
@@ -33,6 +33,11 @@ staticcheck=$(cd tools && go tool -n staticcheck)
 # bench/ is not linted (benchmark and soak programs, not shipped).
 echo "==> cmd/backlog: go vet ./... and staticcheck ./..." >&2
 (cd cmd/backlog && go vet ./... && "$staticcheck" ./...)
+
+# otelbacklog is a module of its own (so the library never depends on
+# OpenTelemetry): vet and staticcheck it too.
+echo "==> otelbacklog: go vet ./... and staticcheck ./..." >&2
+(cd otelbacklog && go vet ./... && "$staticcheck" ./...)
 
 # The dashboard's browser tests are a module of their own (so the library
 # never depends on chromedp): vet and staticcheck them too.

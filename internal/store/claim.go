@@ -28,8 +28,11 @@ type Claimed struct {
 	// Slot: the job holds a slot of a concurrency limit, which its finish
 	// frees.
 	Slot bool
+	// Meta is the job's metadata (nil when it has none).
+	Meta map[string]string
 
 	rawTags []byte // the tags' JSON, until decoded
+	rawMeta []byte // the metadata's JSON, until decoded
 }
 
 // ClaimResult is what one claim statement took.
@@ -75,7 +78,7 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 	for i, f := range rows.FieldDescriptions() {
 		switch {
 		case f.Format == pgx.BinaryFormatCode || i == 1:
-		case i == 2 || i == 3:
+		case i == 2 || i == 3 || i == 16:
 			jsonText[i] = true
 		default:
 			binary = false
@@ -101,14 +104,19 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 				return res, fmt.Errorf("decoding tags of job %s: %w", c.ID, err)
 			}
 		}
-		c.rawTags = nil
+		if c.rawMeta != nil { // NULL for jobs without metadata
+			if err := json.Unmarshal(c.rawMeta, &c.Meta); err != nil {
+				return res, fmt.Errorf("decoding metadata of job %s: %w", c.ID, err)
+			}
+		}
+		c.rawTags, c.rawMeta = nil, nil
 		res.Jobs = append(res.Jobs, c)
 	}
 	return res, rows.Err()
 }
 
 // claimColumns is how many columns the claim function returns.
-const claimColumns = 16
+const claimColumns = 17
 
 // pgEpoch is PostgreSQL's timestamp epoch, in Unix microseconds.
 const pgEpoch = 946684800 * 1_000_000
@@ -169,6 +177,11 @@ func decodeClaimed(v [][]byte, jsonText *[claimColumns]bool, c *Claimed, res *Cl
 	if c.rawTags, err = jsonb(3); err != nil {
 		return false, err
 	}
+	if v[16] != nil {
+		if c.rawMeta, err = jsonb(16); err != nil {
+			return false, err
+		}
+	}
 	c.Attempt = int(int32(be.Uint32(v[4])))
 	c.MaxAttempts = int(int32(be.Uint32(v[5])))
 	c.Priority = int(int16(be.Uint16(v[6])))
@@ -196,9 +209,10 @@ func scanClaimed(rows pgx.Rows, c *Claimed, res *ClaimResult) (bool, error) {
 		skipped         *bool
 		limited         *int16
 		slot            *bool
+		meta            []byte
 	)
 	if err := rows.Scan(&id, &typ, &args, &tags, &attempt, &maxAtt, &prio, &timeoutMS, &token, &created, &runAt,
-		&waitedUS, &nextMS, &skipped, &limited, &slot); err != nil {
+		&waitedUS, &nextMS, &skipped, &limited, &slot, &meta); err != nil {
 		return false, err
 	}
 	if skipped != nil {
@@ -216,6 +230,6 @@ func scanClaimed(rows pgx.Rows, c *Claimed, res *ClaimResult) (bool, error) {
 	*c = Claimed{ID: *id, Type: *typ, Args: args, Attempt: int(*attempt), MaxAttempts: int(*maxAtt),
 		Priority: int(*prio), Timeout: time.Duration(*timeoutMS) * time.Millisecond, Token: *token,
 		CreatedAt: *created, RunAt: *runAt, Waited: time.Duration(*waitedUS) * time.Microsecond, rawTags: tags,
-		Slot: slot != nil && *slot}
+		Slot: slot != nil && *slot, rawMeta: meta}
 	return true, nil
 }

@@ -99,19 +99,19 @@ ORDER BY j.ordering_key, j.created_at DESC, j.id DESC`
 	// available one is skipped by concurrent claims while locked: the
 	// caller announces it, to be delivered when the lock goes (at commit).
 	g.lockPrereqs = `SELECT id, state, type, tags, run_at FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE`
-	cols := `(id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state, blocked_by, ordering_key, unique_key, last_error, finished_at, concurrency_key)`
+	cols := `(id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state, blocked_by, ordering_key, unique_key, last_error, finished_at, concurrency_key, meta)`
 	// A job that would be available but is due later is scheduled.
 	sel := `SELECT t.id, t.type, t.args, t.tags, t.priority, t.run_at, t.max_attempts, t.timeout_ms,
 	       CASE WHEN t.state = 'available' AND t.run_at > now() THEN 'scheduled' ELSE t.state END,
 	       t.blocked_by, t.ordering_key, t.unique_key, t.last_error,
-	       CASE WHEN t.state = 'cancelled' THEN now() END, t.concurrency_key
+	       CASE WHEN t.state = 'cancelled' THEN now() END, t.concurrency_key, t.meta
 	FROM (SELECT u.id, u.type, u.args, u.tags, u.priority, COALESCE(u.run_at, now() + u.delay_ms * interval '1 millisecond') AS run_at,
 	             u.max_attempts, u.timeout_ms, u.state, u.blocked_by, u.ordering_key, u.unique_key, u.last_error,
-	             u.concurrency_key
+	             u.concurrency_key, u.meta
 	      FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::jsonb[], $5::smallint[], $6::timestamptz[], $7::bigint[], $8::integer[],
-	                  $9::bigint[], $10::text[], $11::integer[], $12::text[], $13::text[], $14::text[], $15::text[])
+	                  $9::bigint[], $10::text[], $11::integer[], $12::text[], $13::text[], $14::text[], $15::text[], $16::jsonb[])
 	           AS u(id, type, args, tags, priority, run_at, delay_ms, max_attempts, timeout_ms, state, blocked_by, ordering_key, unique_key, last_error,
-	                concurrency_key)) t`
+	                concurrency_key, meta)) t`
 	ret := ` RETURNING id, state, greatest(0, ceil(extract(epoch FROM run_at - now()) * 1000))::bigint`
 	g.insert = `INSERT INTO ` + s.jobs + ` ` + cols + ` ` + sel + ret
 	g.insertUnique = `INSERT INTO ` + s.jobs + ` ` + cols + ` ` + sel + `

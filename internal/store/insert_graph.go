@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -347,6 +348,7 @@ func (g *graphInsert) insertSome(ctx context.Context, idx []int) (map[uuid.UUID]
 	ukeys := make([]*string, n)
 	lastErr := make([]*string, n)
 	ckeys := make([]*string, n)
+	metas := make([]json.RawMessage, n) // nil: NULL
 	unique := false
 	for x, i := range idx {
 		j := &g.jobs[i]
@@ -364,13 +366,14 @@ func (g *graphInsert) insertSome(ctx context.Context, idx []int) (map[uuid.UUID]
 		if j.ConcurrencyKey != "" {
 			ckeys[x] = &j.ConcurrencyKey
 		}
+		metas[x] = j.Meta
 	}
 	q := g.s.graph.insert
 	if unique {
 		q = g.s.graph.insertUnique
 	}
 	rows, err := g.tx.Query(ctx, q, Mode, ids, types, args, tags, prios, runAts, delays, maxAtt, timeouts,
-		states, blocked, okeys, ukeys, lastErr, ckeys)
+		states, blocked, okeys, ukeys, lastErr, ckeys, metas)
 	if err != nil {
 		return nil, err
 	}

@@ -69,7 +69,7 @@ type Store struct {
 	explain func(sql string, args []any)
 
 	sql struct {
-		insert, insertKeyed, claim, get, notify, notifyAsync, now string
+		insert, insertKeyed, insertMeta, claim, get, notify, notifyAsync, now string
 	}
 	fin     finishSQL
 	graph   graphSQL
@@ -152,6 +152,18 @@ FROM agg a`
 		"$9::bigint[])", "$9::bigint[], $12::text[])",
 		"max_attempts, timeout_ms)) t", "max_attempts, timeout_ms, concurrency_key)) t",
 	).Replace(s.sql.insert)
+	// The same, with the jobs' concurrency keys ($12) and metadata ($13):
+	// for calls where a job has metadata.
+	s.sql.insertMeta = strings.NewReplacer(
+		"state, concurrency_key)", "state, concurrency_key, meta)",
+		"t.concurrency_key\n", "t.concurrency_key, t.meta\n",
+		"u.concurrency_key\n", "u.concurrency_key, u.meta\n",
+		"$12::text[])", "$12::text[], $13::jsonb[])",
+		"timeout_ms, concurrency_key)) t", "timeout_ms, concurrency_key, meta)) t",
+	).Replace(s.sql.insertKeyed)
+	if strings.Count(s.sql.insertMeta, "meta") != 4 || !strings.Contains(s.sql.insertMeta, "$13::jsonb[]") {
+		panic("store: the insert statement with metadata was not built")
+	}
 
 	// The claim is the function claim() of migration 0004: it locks up to
 	// $3 due jobs of the domain, marks them running under a fresh lease
@@ -159,13 +171,15 @@ FROM agg a`
 	// until the domain's next scheduled job is due (database clock) and
 	// whether due jobs exist that it skipped because another transaction
 	// held them locked. The function keeps its plans for the session.
-	s.sql.claim = `SELECT * FROM ` + pgx.Identifier{s.schema, "claim"}.Sanitize() + `($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text)`
+	// claim_jobs (migration 0011) is that claim returning the jobs'
+	// metadata too.
+	s.sql.claim = `SELECT * FROM ` + pgx.Identifier{s.schema, "claim_jobs"}.Sanitize() + `($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text)`
 
 	// A job is in jobs while live and in job_history once finished (the
 	// move is one transaction, so one snapshot sees it in exactly one).
 	getCols := `id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
 	COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at,
-	COALESCE(ordering_key, ''), COALESCE(unique_key, ''), COALESCE(concurrency_key, '')`
+	COALESCE(ordering_key, ''), COALESCE(unique_key, ''), COALESCE(concurrency_key, ''), meta`
 	s.sql.get = `SELECT ` + getCols + ` FROM ` + s.jobs + ` WHERE id = $1
 UNION ALL
 SELECT ` + getCols + ` FROM ` + s.history + ` WHERE id = $1
@@ -223,6 +237,9 @@ type NewJob struct {
 	// ConcurrencyKey groups the job with others for flow control ("":
 	// none).
 	ConcurrencyKey string
+	// Meta is the job's metadata, a JSON object of strings (nil: none,
+	// stored as NULL).
+	Meta json.RawMessage
 }
 
 // InsertResult is what an Insert wrote, as the database decided it.
@@ -274,6 +291,21 @@ func (s *Store) Insert(ctx context.Context, db DB, jobs []NewJob, payloads []str
 			}
 		}
 		params, q = append(params, keys), s.sql.insertKeyed
+		break
+	}
+	for i, j := range jobs {
+		if j.Meta == nil {
+			continue
+		}
+		// Jobs with metadata: the statement with both columns.
+		if q == s.sql.insert {
+			params = append(params, make([]*string, n))
+		}
+		metas := make([]json.RawMessage, n) // nil: NULL
+		for x := i; x < n; x++ {
+			metas[x] = jobs[x].Meta
+		}
+		params, q = append(params, metas), s.sql.insertMeta
 		break
 	}
 	// [16]byte IDs need the server's parameter types: modes that do not
@@ -378,6 +410,8 @@ type Row struct {
 	FinishedAt  *time.Time
 	// The job's keys ("": none).
 	OrderingKey, UniqueKey, ConcurrencyKey string
+	// Meta is the job's metadata (nil: none).
+	Meta map[string]string
 }
 
 // Get reads one job, or returns ErrNotFound.
@@ -388,10 +422,11 @@ func (s *Store) Get(ctx context.Context, db DB, id uuid.UUID) (Row, error) {
 		prio      int16
 		att, maxA int32
 		timeoutMS int64
+		meta      []byte
 	)
 	err := db.QueryRow(ctx, s.sql.get, Mode, id).Scan(&r.ID, &r.Type, &r.Args, &tags, &r.State, &prio, &r.RunAt,
 		&att, &maxA, &timeoutMS, &r.Worker, &r.Result, &r.LastError, &r.Errors, &r.CreatedAt, &r.StartedAt, &r.FinishedAt,
-		&r.OrderingKey, &r.UniqueKey, &r.ConcurrencyKey)
+		&r.OrderingKey, &r.UniqueKey, &r.ConcurrencyKey, &meta)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Row{}, ErrNotFound
 	}
@@ -402,6 +437,11 @@ func (s *Store) Get(ctx context.Context, db DB, id uuid.UUID) (Row, error) {
 	r.Timeout = time.Duration(timeoutMS) * time.Millisecond
 	if err := json.Unmarshal(tags, &r.Tags); err != nil {
 		return Row{}, fmt.Errorf("decoding tags: %w", err)
+	}
+	if meta != nil {
+		if err := json.Unmarshal(meta, &r.Meta); err != nil {
+			return Row{}, fmt.Errorf("decoding metadata: %w", err)
+		}
 	}
 	return r, nil
 }
