@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
+	"os"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,7 +22,12 @@ const SchemaPrefix = "backlogtest_"
 // pool. Tests that each take their own Queue this way may run in parallel
 // against one database. opts are passed to backlog.New after the schema
 // option, except a WithSchema among them, which NewQueue overrides (so
-// that it never drops a schema it did not create). Every Work call the
+// that it never drops a schema it did not create). The Queue logs
+// warnings and errors to stderr, not the Info lines of every migration;
+// a WithLogger among opts replaces that logger. Once the Queue has worked
+// jobs (Work, DrainUntilIdle, Queue.Work) it holds one connection of pool
+// for its listener until the test ends (none with backlog.WithPollOnly):
+// size pool for the tests that run at once. Every Work call the
 // test starts on the Queue must have returned by the time the test's
 // cleanups run (Close waits for them).
 func NewQueue(t TB, pool *pgxpool.Pool, opts ...backlog.Option) *backlog.Queue {
@@ -31,7 +38,9 @@ func NewQueue(t TB, pool *pgxpool.Pool, opts ...backlog.Option) *backlog.Queue {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	schema := SchemaPrefix + hex.EncodeToString(b[:])
-	all := append(append([]backlog.Option(nil), opts...), backlog.WithSchema(schema))
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	all := append([]backlog.Option{backlog.WithLogger(logger)}, opts...)
+	all = append(all, backlog.WithSchema(schema))
 	ctx := context.Background()
 	q, err := backlog.New(ctx, pool, all...)
 	if err != nil {
