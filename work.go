@@ -246,12 +246,14 @@ func outcomeOf(f store.Finish, err error) Outcome {
 
 func (w *workCall) submit(job *Job, f store.Finish) {
 	w.finishes.Add(1)
-	w.q.comp.submit(&finishReq{f: f, job: job, done: func(ok bool) {
-		if w.written != nil {
+	done := func(bool) { w.finishes.Done() }
+	if w.written != nil { // inline runs only: Work's path stays as it was
+		done = func(ok bool) {
 			w.written(job, ok)
+			w.finishes.Done()
 		}
-		w.finishes.Done()
-	}})
+	}
+	w.q.comp.submit(&finishReq{f: f, job: job, done: done})
 }
 
 // outcome maps what the handler returned to the write that records it.
