@@ -55,8 +55,8 @@ type Expect struct {
 	Want *Want // nil: any job of the type
 }
 
-// Querier runs a query: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type Querier interface {
+// querier runs a query: a *pgxpool.Pool or a pgx.Tx.
+type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
@@ -79,7 +79,7 @@ func RequireEnqueuedTx(ctx context.Context, t TB, q *backlog.Queue, tx pgx.Tx, t
 	return requireEnqueued(ctx, t, q, tx, typ, want)
 }
 
-func requireEnqueued(ctx context.Context, t TB, q *backlog.Queue, db Querier, typ string, want *Want) *backlog.JobInfo {
+func requireEnqueued(ctx context.Context, t TB, q *backlog.Queue, db querier, typ string, want *Want) *backlog.JobInfo {
 	t.Helper()
 	w, err := want.compile()
 	if err != nil {
@@ -112,7 +112,7 @@ func RequireNotEnqueuedTx(ctx context.Context, t TB, q *backlog.Queue, tx pgx.Tx
 	requireNotEnqueued(ctx, t, q, tx, typ, want)
 }
 
-func requireNotEnqueued(ctx context.Context, t TB, q *backlog.Queue, db Querier, typ string, want *Want) {
+func requireNotEnqueued(ctx context.Context, t TB, q *backlog.Queue, db querier, typ string, want *Want) {
 	t.Helper()
 	w, err := want.compile()
 	if err != nil {
@@ -150,7 +150,7 @@ func RequireManyEnqueuedTx(ctx context.Context, t TB, q *backlog.Queue, tx pgx.T
 	return requireMany(ctx, t, q, tx, want)
 }
 
-func requireMany(ctx context.Context, t TB, q *backlog.Queue, db Querier, want []Expect) []*backlog.JobInfo {
+func requireMany(ctx context.Context, t TB, q *backlog.Queue, db querier, want []Expect) []*backlog.JobInfo {
 	t.Helper()
 	if len(want) == 0 {
 		fatalf(t, "RequireManyEnqueued: no job expected (use RequireNotEnqueued)")
@@ -496,7 +496,7 @@ func render(v any) string {
 }
 
 // readJobs reads every job of q's schema through db, in enqueue order.
-func readJobs(ctx context.Context, q *backlog.Queue, db Querier) ([]*backlog.JobInfo, error) {
+func readJobs(ctx context.Context, q *backlog.Queue, db querier) ([]*backlog.JobInfo, error) {
 	rows, err := db.Query(ctx, `SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
        COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at,
        COALESCE(ordering_key, ''), COALESCE(unique_key, ''), COALESCE(concurrency_key, '')

@@ -374,7 +374,8 @@ func TestDrainUntilIdleFailures(tt *testing.T) {
 	msg = fails(tt, func(tb backlogtest.TB) {
 		backlogtest.DrainUntilIdle(dctx, tb, q, ok, &backlogtest.DrainOptions{Work: []backlog.WorkOption{backlog.Types("held")}})
 	})
-	require.Contains(tt, msg, "DrainUntilIdle: stopped after 0 run(s): context deadline exceeded")
+	require.Contains(tt, msg, "0 run(s)") // stopped by ctx while waiting (or, on a slow machine, in its claim)
+	require.Contains(tt, msg, "context deadline exceeded")
 	require.NoError(tt, tx.Rollback(ctx))
 	s := backlogtest.DrainUntilIdle(ctx, tt, q, ok, &backlogtest.DrainOptions{Work: []backlog.WorkOption{backlog.Types("held")}})
 	require.Equal(tt, 1, s.Count(backlog.OutcomeCompleted))
