@@ -167,22 +167,29 @@ type workCall struct {
 	hard     context.Context
 	finishes sync.WaitGroup // outcomes submitted but not yet written
 	running  atomic.Int32   // handlers running (for Processes)
+	// written, when set (the inline runs of package backlogtest), hears
+	// whether each outcome was written.
+	written func(job *Job, ok bool)
 }
 
-func (w *workCall) run(job *Job) {
+// run runs one claimed job and submits its outcome, which it returns with
+// the handler's error.
+func (w *workCall) run(job *Job) (store.Finish, error) {
 	ls := w.q.leases
 	ctx, cancel := context.WithCancelCause(w.hard)
 	defer cancel(nil)
 	if err := ls.begin(job.lease, cancel); err != nil {
 		if errors.Is(err, ErrCancelled) {
-			w.submit(job, store.Finish{ID: job.ID, Token: job.token, State: string(StateCancelled), Err: errText(err)})
-			return
+			f := store.Finish{ID: job.ID, Token: job.token, State: string(StateCancelled), Err: errText(err)}
+			w.submit(job, f)
+			return f, nil
 		}
 		// The lease could not be confirmed in time before the handler
 		// started: give the job back (refused if it is no longer ours).
 		w.q.log.Warn("backlog: lease lost before the job started; releasing it", "job", job.ID, "type", job.Type)
-		w.submit(job, releaseOf(job))
-		return
+		f := releaseOf(job)
+		w.submit(job, f)
+		return f, nil
 	}
 	if job.Timeout > 0 {
 		var stop context.CancelFunc
@@ -216,6 +223,7 @@ func (w *workCall) run(job *Job) {
 		hooks.Finished(ctx, job, JobEvent{Outcome: o, Duration: ran, QueueLatency: job.waited, Err: err})
 	}
 	w.submit(job, f)
+	return f, err
 }
 
 // outcomeOf names the write f for hooks.
@@ -238,7 +246,14 @@ func outcomeOf(f store.Finish, err error) Outcome {
 
 func (w *workCall) submit(job *Job, f store.Finish) {
 	w.finishes.Add(1)
-	w.q.comp.submit(&finishReq{f: f, job: job, done: func(bool) { w.finishes.Done() }})
+	done := func(bool) { w.finishes.Done() }
+	if w.written != nil { // inline runs only: Work's path stays as it was
+		done = func(ok bool) {
+			w.written(job, ok)
+			w.finishes.Done()
+		}
+	}
+	w.q.comp.submit(&finishReq{f: f, job: job, done: done})
 }
 
 // outcome maps what the handler returned to the write that records it.

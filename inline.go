@@ -1,0 +1,227 @@
+package backlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/backlogq/backlog/internal/store"
+	"github.com/backlogq/backlog/internal/testbridge"
+)
+
+// The inline runs of package backlogtest: a handler runs on one job in the
+// caller's goroutine, claimed by the claim statement and recorded by the
+// completer's fenced finish, as under Work, only without the acquirer and
+// its worker goroutines. Reached through internal/testbridge, so that
+// package backlog exports nothing for it.
+func init() {
+	testbridge.Pool = func(q any) *pgxpool.Pool { return q.(*Queue).pool }
+	testbridge.NewInline = newInline
+}
+
+// inline implements testbridge.Inline.
+type inline struct {
+	q    *Queue
+	w    *workCall
+	cl   *claimer
+	stop func() bool             // stops watching the caller's ctx
+	halt context.CancelCauseFunc // cancels the handlers' context
+
+	mu    sync.Mutex
+	waits map[*Job]chan bool // per job run: hears whether its outcome was written
+}
+
+func newInline(ctx context.Context, qa, ha, oa any) (testbridge.Inline, error) {
+	q, _ := qa.(*Queue)
+	if q == nil {
+		return nil, invalid("queue", "must not be nil")
+	}
+	h, _ := ha.(Handler)
+	if h == nil {
+		return nil, invalid("handler", "must not be nil")
+	}
+	if f, ok := h.(HandlerFunc); ok && f == nil {
+		return nil, invalid("handler", "must not be a nil HandlerFunc")
+	}
+	opts, _ := oa.([]WorkOption)
+	cfg := workConfig{concurrency: 1, grace: DefaultGracePeriod}
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalid("options", "nil option")
+		}
+		o.applyWork(&cfg)
+	}
+	mux, _ := h.(*Mux)
+	if cfg.types == nil && mux != nil {
+		cfg.types = mux.Types()
+	}
+	if cfg.backoff != nil {
+		if err := cfg.backoff.validate(); err != nil {
+			return nil, err
+		}
+	}
+	var spec *domainSpec
+	if len(cfg.types) > 0 {
+		var err error
+		if spec, err = newDomainSpec(cfg.types, cfg.tags); err != nil {
+			return nil, err
+		}
+	} else if err := validateTags("worker tags", cfg.tags); err != nil {
+		return nil, err
+	}
+	if q.isClosed() {
+		return nil, ErrClosed
+	}
+	if err := q.checkSchema(ctx); err != nil {
+		return nil, err
+	}
+	q.maint.ensurePartitions(ctx)
+	if !q.beginWork() {
+		return nil, ErrClosed
+	}
+	hard, halt := context.WithCancelCause(context.WithoutCancel(ctx))
+	in := &inline{q: q, cl: q.acq.store.(*claimer), halt: halt, waits: map[*Job]chan bool{}}
+	in.stop = context.AfterFunc(ctx, func() { halt(ErrShutdown) })
+	in.w = &workCall{q: q, h: h, mux: mux, cfg: cfg, spec: spec, hard: hard, written: in.settled}
+	return in, nil
+}
+
+func (in *inline) Close() {
+	in.stop()
+	in.halt(nil)
+	in.q.works.Done()
+}
+
+// Work claims job id and runs the handler on it.
+func (in *inline) Work(ctx context.Context, id uuid.UUID) (testbridge.Run, error) {
+	q := in.q
+	r, err := q.store.Get(ctx, q.pool, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return testbridge.Run{}, fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return testbridge.Run{}, q.readErr(ctx, fmt.Errorf("reading job %s: %w", id, err))
+	}
+	if in.w.mux != nil && !slices.Contains(in.w.mux.Types(), r.Type) {
+		return testbridge.Run{}, fmt.Errorf("job %s is of type %q, which the Mux does not handle (it handles %q)", id, r.Type, in.w.mux.Types())
+	}
+	if State(r.State) != StateAvailable {
+		why := ""
+		switch State(r.State) {
+		case StateScheduled:
+			why = fmt.Sprintf(" (due at %s)", r.RunAt.Format("2006-01-02T15:04:05.000Z07:00"))
+		case StateBlocked:
+			why = " (waiting for its prerequisites or its ordering key's predecessor)"
+		}
+		return testbridge.Run{}, fmt.Errorf("job %s (%s) is %s%s, not available: only an available job can be claimed", id, r.Type, r.State, why)
+	}
+	spec, err := newDomainSpec([]string{r.Type}, r.Tags)
+	if err != nil {
+		return testbridge.Run{}, err
+	}
+	// The claim takes the type's first due job: every other one is held
+	// locked (the claim skips it) until the claim has returned.
+	tx, err := q.pool.Begin(ctx)
+	if err != nil {
+		return testbridge.Run{}, classify(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := q.store.LockOthers(ctx, tx, r.Type, id); err != nil {
+		return testbridge.Run{}, classify(err)
+	}
+	res, err := in.cl.claim(ctx, spec, 1, 1)
+	_ = tx.Rollback(context.WithoutCancel(ctx))
+	if err != nil {
+		return testbridge.Run{}, classify(err)
+	}
+	switch {
+	case len(res.jobs) == 1 && res.jobs[0].ID == id:
+		return in.run(ctx, res.jobs[0])
+	case len(res.jobs) > 0:
+		in.cl.release(res.jobs)
+		return testbridge.Run{}, fmt.Errorf("job %s (%s): the claim took job %s instead", id, r.Type, res.jobs[0].ID)
+	case res.limited != store.LimitedNone:
+		return testbridge.Run{}, fmt.Errorf("job %s (%s) was not claimed: a limit of its type (SetLimit) holds it back", id, r.Type)
+	default:
+		return testbridge.Run{}, fmt.Errorf("job %s (%s) was not claimed: its type is paused, or another transaction holds its row", id, r.Type)
+	}
+}
+
+// Next claims the next due job of the handler's types and runs it.
+func (in *inline) Next(ctx context.Context, all bool) (testbridge.Run, bool, bool, error) {
+	q, spec := in.q, in.w.spec
+	if spec == nil {
+		return testbridge.Run{}, false, false, invalid("types", "draining needs at least one job type (register handlers on a Mux or pass backlog.Types)")
+	}
+	if all {
+		if err := q.store.MakeDue(ctx, spec.types, spec.tagsJ); err != nil {
+			return testbridge.Run{}, false, false, classify(err)
+		}
+	}
+	for {
+		p, err := q.store.Promote(ctx, promoteBatch)
+		q.announce.committed(postingsOf(p.Avail))
+		if err != nil {
+			return testbridge.Run{}, false, false, classify(fmt.Errorf("promoting scheduled jobs: %w", err))
+		}
+		if !p.More || p.Jobs < promoteBatch {
+			break
+		}
+	}
+	res, err := in.cl.claim(ctx, spec, 1, 1)
+	if err != nil {
+		return testbridge.Run{}, false, false, classify(err)
+	}
+	if len(res.jobs) == 0 {
+		busy, err := q.store.Busy(ctx, spec.types, spec.tagsJ)
+		return testbridge.Run{}, false, busy, classify(err)
+	}
+	r, err := in.run(ctx, res.jobs[0])
+	return r, true, false, err
+}
+
+// settled hears from the completer whether job's outcome was written.
+func (in *inline) settled(job *Job, ok bool) {
+	in.mu.Lock()
+	ch := in.waits[job]
+	delete(in.waits, job)
+	in.mu.Unlock()
+	if ch != nil {
+		ch <- ok // buffered
+	}
+}
+
+// run runs the handler on job as a Work call's worker does and waits until
+// its outcome is written (or refused by the fence). Once ctx is done, it
+// waits for the write at most the grace period (at least a second), as
+// Work does.
+func (in *inline) run(ctx context.Context, job *Job) (testbridge.Run, error) {
+	ch := make(chan bool, 1)
+	in.mu.Lock()
+	in.waits[job] = ch
+	in.mu.Unlock()
+	f, herr := in.w.run(job)
+	r := testbridge.Run{Job: job, Outcome: string(outcomeOf(f, herr)), Err: herr}
+	select {
+	case r.Written = <-ch:
+	case <-ctx.Done():
+		t := time.NewTimer(max(in.w.cfg.grace, time.Second))
+		defer t.Stop()
+		select {
+		case r.Written = <-ch:
+		case <-t.C:
+			return r, fmt.Errorf("job %s: its outcome was not written within the grace period after the context ended: %w",
+				job.ID, context.Cause(ctx))
+		}
+	}
+	if !r.Written {
+		r.Outcome = string(OutcomeLeaseLost)
+	}
+	return r, nil
+}
