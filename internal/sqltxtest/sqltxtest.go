@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -402,7 +403,8 @@ func testGraph(e *env) {
 	require.NoError(e.t, err)
 	k1, err := q.EnqueueTx(e.ctx(), tx.Value, "sqltx.dag", nil, backlog.OrderingKey("dag:k"))
 	require.NoError(e.t, err)
-	k2, err := q.EnqueueTx(e.ctx(), tx.Value, "sqltx.dag", nil, backlog.OrderingKey("dag:k"), backlog.ConcurrencyKey("dag:c"))
+	k2, err := q.EnqueueTx(e.ctx(), tx.Value, "sqltx.dag", nil, backlog.OrderingKey("dag:k"), backlog.ConcurrencyKey("dag:c"),
+		backlog.Metadata(map[string]string{"m": "v"}))
 	require.NoError(e.t, err)
 	require.NoError(e.t, tx.Commit(e.ctx()))
 
@@ -415,6 +417,7 @@ func testGraph(e *env) {
 	info, err := q.Job(e.ctx(), k2)
 	require.NoError(e.t, err)
 	require.Equal(e.t, "dag:c", info.ConcurrencyKey)
+	require.Equal(e.t, map[string]string{"m": "v"}, info.Metadata)
 
 	rec := newRecorder()
 	stop := worktest.Run(e.t, func(ctx context.Context) error { return q.Work(ctx, rec, backlog.Types("sqltx.dag")) })
@@ -446,6 +449,7 @@ func testMany(e *env) {
 				s.Options = append(s.Options, backlog.Delay(time.Hour))
 			case 3:
 				s.Args = nil
+				s.Options = append(s.Options, backlog.Metadata(map[string]string{"trace": `t"1\{x}`, "n": fmt.Sprint(i)}))
 			}
 			specs[i] = s
 		}
@@ -461,7 +465,7 @@ func testMany(e *env) {
 
 	rows := func(ids []uuid.UUID) []string {
 		r, err := e.pool.Query(e.ctx(), `SELECT concat_ws('|', j.type, j.args::text, j.tags::text, j.priority, j.max_attempts, j.timeout_ms, j.state,
-			COALESCE(j.concurrency_key, '<none>'), CASE WHEN j.run_at > now() + interval '1 day' THEN j.run_at::text ELSE 'near' END)
+			COALESCE(j.concurrency_key, '<none>'), COALESCE(j.meta::text, '<none>'), CASE WHEN j.run_at > now() + interval '1 day' THEN j.run_at::text ELSE 'near' END)
 			FROM unnest($1::uuid[]) WITH ORDINALITY AS u(id, n) JOIN "`+e.schema+`".jobs j ON j.id = u.id ORDER BY u.n`, ids)
 		require.NoError(e.t, err)
 		out, err := pgx.CollectRows(r, pgx.RowTo[string])
@@ -473,4 +477,11 @@ func testMany(e *env) {
 	require.Equal(e.t, want, got)
 	require.Equal(e.t, 200, e.count(`concurrency_key IS NOT NULL AND id = ANY($1)`, viaTx))
 	require.Equal(e.t, 400, e.count(`state = 'scheduled' AND id = ANY($1)`, viaTx))
+	withMeta := 0
+	for _, r := range got {
+		if strings.Contains(r, `"trace"`) {
+			withMeta++
+		}
+	}
+	require.Equal(e.t, 200, withMeta)
 }
