@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -21,7 +19,7 @@ type announcer interface {
 	committed(ps []posting)
 	// inTx announces jobs written inside tx, a transaction of the caller's:
 	// workers hear of them only if and once tx commits.
-	inTx(ctx context.Context, tx pgx.Tx, ps []posting) error
+	inTx(ctx context.Context, tx store.DB, ps []posting) error
 	// inline reports whether an insert outside any caller transaction may
 	// carry its own NOTIFY (the low-latency path of a quiet process), and
 	// the payloads it sends for ps. A true result must be followed by
@@ -66,7 +64,7 @@ func (a *notifyAnnouncer) signed(ps []posting) []posting {
 	return out
 }
 
-func (a *notifyAnnouncer) inTx(ctx context.Context, tx pgx.Tx, ps []posting) error {
+func (a *notifyAnnouncer) inTx(ctx context.Context, tx store.DB, ps []posting) error {
 	return a.store.NotifyTx(ctx, tx, encodePostings(ps))
 }
 
@@ -108,7 +106,7 @@ func (a *localAnnouncer) local(ps []posting) {
 	}
 }
 
-func (a *localAnnouncer) inTx(ctx context.Context, tx pgx.Tx, ps []posting) error {
+func (a *localAnnouncer) inTx(ctx context.Context, tx store.DB, ps []posting) error {
 	if len(ps) == 0 {
 		return nil
 	}

@@ -5,8 +5,9 @@
 // [Queue.Migrate]) and move to a history table, partitioned by expiry, once
 // they finish.
 // [Queue.Enqueue] inserts them, alone or inside the caller's transaction
-// ([Queue.EnqueueTx]), and [Queue.Work] runs them with a [Handler] in as
-// many processes as needed: PostgreSQL is the only coordinator.
+// ([Queue.EnqueueTx]: a pgx.Tx or a database/sql one, see [Tx]), and
+// [Queue.Work] runs them with a [Handler] in as many processes as needed:
+// PostgreSQL is the only coordinator.
 //
 // # Concurrency
 //

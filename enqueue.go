@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -24,12 +25,23 @@ func (q *Queue) Enqueue(ctx context.Context, typ string, args any, opts ...Enque
 }
 
 // EnqueueTx inserts one job inside the caller's transaction: the job exists,
-// and workers are notified, only if tx commits.
-func (q *Queue) EnqueueTx(ctx context.Context, tx pgx.Tx, typ string, args any, opts ...EnqueueOption) (uuid.UUID, error) {
-	if tx == nil {
-		return uuid.Nil, invalid("tx", "must not be nil")
+// and workers are notified, only if tx commits. tx is a pgx.Tx or a
+// database/sql transaction (*sql.Tx, *sqlx.Tx, bun.Tx, …; see Tx); any
+// other value, or nil, returns an *InputError naming "tx". The wake-up is
+// a NOTIFY sent inside tx, which PostgreSQL delivers at its commit to every
+// listening process, this one included.
+//
+// Bad input returns an *InputError and leaves tx usable, with nothing
+// written and none of the enqueue's locks held: validation runs before any
+// statement, and a job that the database judges after taking locks (one
+// with dependencies, an ordering or unique key, or an ID set by the
+// caller) is inserted inside a savepoint, rolled back when it is rejected.
+func (q *Queue) EnqueueTx(ctx context.Context, tx Tx, typ string, args any, opts ...EnqueueOption) (uuid.UUID, error) {
+	db, err := callerTx(tx)
+	if err != nil {
+		return uuid.Nil, err
 	}
-	ids, err := q.enqueue(ctx, tx, []JobSpec{{Type: typ, Args: args, Options: opts}})
+	ids, err := q.enqueue(ctx, db, []JobSpec{{Type: typ, Args: args, Options: opts}})
 	if err != nil {
 		return uuid.Nil, err
 	}
@@ -43,12 +55,22 @@ func (q *Queue) EnqueueMany(ctx context.Context, specs []JobSpec) ([]uuid.UUID, 
 	return q.enqueue(ctx, nil, specs)
 }
 
-// EnqueueManyTx is EnqueueMany inside the caller's transaction.
-func (q *Queue) EnqueueManyTx(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]uuid.UUID, error) {
+// EnqueueManyTx is EnqueueMany inside the caller's transaction, a pgx.Tx
+// or a database/sql one (see Tx and EnqueueTx).
+func (q *Queue) EnqueueManyTx(ctx context.Context, tx Tx, specs []JobSpec) ([]uuid.UUID, error) {
+	db, err := callerTx(tx)
+	if err != nil {
+		return nil, err
+	}
+	return q.enqueue(ctx, db, specs)
+}
+
+// callerTx is txDB for a transaction that must be given.
+func callerTx(tx Tx) (store.DB, error) {
 	if tx == nil {
 		return nil, invalid("tx", "must not be nil")
 	}
-	return q.enqueue(ctx, tx, specs)
+	return txDB(tx)
 }
 
 // Inserted reports one job of InsertMany.
@@ -59,14 +81,19 @@ type Inserted struct {
 	Duplicate bool
 }
 
-// InsertMany is EnqueueMany (tx nil) or EnqueueManyTx that also reports
-// which unique jobs were duplicates.
-func (q *Queue) InsertMany(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]Inserted, error) {
-	out, _, err := q.insert(ctx, tx, false, specs)
+// InsertMany is EnqueueMany (tx nil) or EnqueueManyTx (tx a pgx.Tx or a
+// database/sql transaction; see Tx) that also reports which unique jobs
+// were duplicates.
+func (q *Queue) InsertMany(ctx context.Context, tx Tx, specs []JobSpec) ([]Inserted, error) {
+	db, err := txDB(tx)
+	if err != nil {
+		return nil, err
+	}
+	out, _, err := q.insert(ctx, db, false, specs)
 	return out, err
 }
 
-func (q *Queue) enqueue(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]uuid.UUID, error) {
+func (q *Queue) enqueue(ctx context.Context, tx store.DB, specs []JobSpec) ([]uuid.UUID, error) {
 	res, _, err := q.insert(ctx, tx, false, specs)
 	if err != nil {
 		return nil, err
@@ -79,7 +106,7 @@ func (q *Queue) enqueue(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]uuid
 }
 
 // insert is insertSpecs with the Enqueuing and Enqueued hooks.
-func (q *Queue) insert(ctx context.Context, tx pgx.Tx, own bool, specs []JobSpec) (out []Inserted, posts []posting, err error) {
+func (q *Queue) insert(ctx context.Context, tx store.DB, own bool, specs []JobSpec) (out []Inserted, posts []posting, err error) {
 	hooks := q.cfg.hooks
 	if hooks.Enqueuing == nil && hooks.Enqueued == nil {
 		return q.insertSpecs(ctx, tx, own, specs)
@@ -134,7 +161,7 @@ func withMetadata(specs []JobSpec, meta map[string]string) []JobSpec {
 // insertSpecs validates and inserts specs: in tx when given (the caller's,
 // or, with own, one of the Queue's whose commit the caller announces with
 // the returned postings), else in a statement of its own.
-func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, own bool, specs []JobSpec) ([]Inserted, []posting, error) {
+func (q *Queue) insertSpecs(ctx context.Context, tx store.DB, own bool, specs []JobSpec) ([]Inserted, []posting, error) {
 	if q.isClosed() {
 		return nil, nil, ErrClosed
 	}
@@ -151,6 +178,26 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, own bool, specs []Jo
 	if err := q.checkIDs(ctx, tx, specs); err != nil {
 		return nil, nil, err
 	}
+	if tx != nil && !own && (graph || slices.ContainsFunc(specs, func(s JobSpec) bool { return s.ID != uuid.Nil })) {
+		// The database judges some of this input (an unknown prerequisite,
+		// an ID taken since checkIDs) after the batch's statements took
+		// locks or wrote rows: in a savepoint, a rejected batch leaves the
+		// caller's transaction usable and holding none of them.
+		var out []Inserted
+		err := q.store.Savepoint(ctx, tx, func() (err error) {
+			out, _, err = q.insertJobs(ctx, tx, false, jobs, graph)
+			return err
+		})
+		if err != nil {
+			return nil, nil, classify(err)
+		}
+		return out, nil, nil
+	}
+	return q.insertJobs(ctx, tx, own, jobs, graph)
+}
+
+// insertJobs inserts a validated batch (see insertSpecs).
+func (q *Queue) insertJobs(ctx context.Context, tx store.DB, own bool, jobs []store.GraphJob, graph bool) ([]Inserted, []posting, error) {
 	if graph {
 		return q.insertGraph(ctx, tx, own, jobs)
 	}
@@ -210,7 +257,7 @@ func (q *Queue) insertSpecs(ctx context.Context, tx pgx.Tx, own bool, specs []Jo
 // checkIDs refuses IDs the caller set that name an existing job: a
 // finished job's ID would otherwise be taken again (finished jobs are out
 // of the jobs table and its primary key). Generated IDs are new.
-func (q *Queue) checkIDs(ctx context.Context, tx pgx.Tx, specs []JobSpec) error {
+func (q *Queue) checkIDs(ctx context.Context, tx store.DB, specs []JobSpec) error {
 	var ids []uuid.UUID
 	for _, s := range specs {
 		if s.ID != uuid.Nil {
@@ -244,10 +291,10 @@ func (q *Queue) enqueueErr(n int, err error) error {
 
 // insertGraph inserts jobs with dependencies, ordering keys or unique keys
 // in one transaction: the caller's, or one of its own.
-func (q *Queue) insertGraph(ctx context.Context, tx pgx.Tx, own bool, jobs []store.GraphJob) ([]Inserted, []posting, error) {
+func (q *Queue) insertGraph(ctx context.Context, tx store.DB, own bool, jobs []store.GraphJob) ([]Inserted, []posting, error) {
 	var out []Inserted
 	var posts []posting
-	run := func(tx pgx.Tx, announceInTx bool) error {
+	run := func(tx store.DB, announceInTx bool) error {
 		res, err := q.store.InsertGraph(ctx, tx, jobs)
 		switch {
 		case errors.Is(err, store.ErrUnknownPrerequisites):

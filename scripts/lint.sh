@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Lint the library, the CLI module (cmd/backlog), the OpenTelemetry module
-# (otelbacklog) and the dashboard's browser tests (backlogui/browsertest):
-# gofmt, go vet and staticcheck. Run from anywhere.
+# (otelbacklog), the dashboard's browser tests (backlogui/browsertest) and
+# the lib/pq tests (internal/pqtest): gofmt, go vet and staticcheck. Run
+# from anywhere.
 #
 # staticcheck is a tool dependency of the tools/ module (pinned in
 # tools/go.mod; 2026.2.2 is module version v0.8.2), so the library's go.mod
@@ -43,5 +44,10 @@ echo "==> otelbacklog: go vet ./... and staticcheck ./..." >&2
 # never depends on chromedp): vet and staticcheck them too.
 echo "==> go vet + staticcheck (backlogui/browsertest) ./..." >&2
 (cd backlogui/browsertest && go vet ./... && "$staticcheck" ./...)
+
+# EnqueueTx's tests with lib/pq are a module of their own (so the library
+# never depends on lib/pq): vet and staticcheck them too.
+echo "==> go vet + staticcheck (internal/pqtest) ./..." >&2
+(cd internal/pqtest && go vet ./... && "$staticcheck" ./...)
 
 echo "lint: ok" >&2

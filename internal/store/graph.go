@@ -292,7 +292,7 @@ func (s *Store) takePlan(ctx context.Context, tx pgx.Tx, plan *lockPlan) error {
 	return nil
 }
 
-func (s *Store) lockKeys(ctx context.Context, tx pgx.Tx, keys []string) error {
+func (s *Store) lockKeys(ctx context.Context, tx DB, keys []string) error {
 	var n int64
 	if err := tx.QueryRow(ctx, s.graph.lockKeys, Mode, s.schema, keys).Scan(&n); err != nil {
 		return fmt.Errorf("locking ordering keys: %w", err)

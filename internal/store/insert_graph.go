@@ -50,11 +50,11 @@ type GraphResult struct {
 }
 
 // InsertGraph inserts jobs with dependencies, ordering keys or unique keys
-// inside tx, taking its locks in the lock order of graph.go: the ordering
+// inside tx (a pgx.Tx, or a database/sql one through SQL), taking its locks in the lock order of graph.go: the ordering
 // keys, then the prerequisites (FOR KEY SHARE). The batch has been
 // validated (no cycles, no self-dependency, no unique job that another
 // batch member depends on).
-func (s *Store) InsertGraph(ctx context.Context, tx pgx.Tx, jobs []GraphJob) (GraphResult, error) {
+func (s *Store) InsertGraph(ctx context.Context, tx DB, jobs []GraphJob) (GraphResult, error) {
 	g := newGraphInsert(s, tx, jobs)
 	steps := []struct {
 		what string
@@ -81,7 +81,7 @@ func (s *Store) InsertGraph(ctx context.Context, tx pgx.Tx, jobs []GraphJob) (Gr
 // graphInsert is one InsertGraph call's working state.
 type graphInsert struct {
 	s       *Store
-	tx      pgx.Tx
+	tx      DB
 	jobs    []GraphJob
 	inBatch map[uuid.UUID]int
 
@@ -97,7 +97,7 @@ type graphInsert struct {
 	inserted map[uuid.UUID]bool
 }
 
-func newGraphInsert(s *Store, tx pgx.Tx, jobs []GraphJob) *graphInsert {
+func newGraphInsert(s *Store, tx DB, jobs []GraphJob) *graphInsert {
 	g := &graphInsert{s: s, tx: tx, jobs: jobs, inBatch: make(map[uuid.UUID]int, len(jobs)),
 		tails: map[string]uuid.UUID{}, states: map[uuid.UUID]string{},
 		out: make([]Inserted, len(jobs)), blocked: make([]int32, len(jobs)), lastErr: make([]*string, len(jobs))}
@@ -411,7 +411,7 @@ func (g *graphInsert) insertEdges(ctx context.Context) error {
 }
 
 // idsByKey runs a query returning (key, id) rows for keys.
-func idsByKey(ctx context.Context, tx pgx.Tx, sql string, keys []string) (map[string]uuid.UUID, error) {
+func idsByKey(ctx context.Context, tx DB, sql string, keys []string) (map[string]uuid.UUID, error) {
 	rows, err := tx.Query(ctx, sql, Mode, keys)
 	if err != nil {
 		return nil, err
