@@ -195,6 +195,12 @@ func TestPrerequisiteAlreadyCompleted(t *testing.T) {
 	info := e.waitJob(b, 10*time.Second, func(i *backlog.JobInfo) bool { return i.State.Terminal() })
 	require.NoError(t, info.Err())
 	require.JSONEq(t, `4`, string(info.Result))
+	// The same through the SQL enqueue().
+	c, err := e.sqlEnqueue(e.pool, `'late', depends_on => ARRAY[$1::uuid]`, a)
+	require.NoError(t, err)
+	info = e.waitJob(c, 10*time.Second, func(i *backlog.JobInfo) bool { return i.State.Terminal() })
+	require.NoError(t, info.Err())
+	require.JSONEq(t, `4`, string(info.Result))
 }
 
 // TestPrerequisiteResultsOutliveRetention: with a retention of a
