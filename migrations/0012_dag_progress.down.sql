@@ -487,4 +487,4 @@ $$;
 DROP TABLE IF EXISTS job_inputs;
 DROP INDEX IF EXISTS jobs_prereqs_idx;
 ALTER TABLE jobs DROP COLUMN IF EXISTS prereqs, DROP COLUMN IF EXISTS progress;
-ALTER TABLE job_history DROP COLUMN IF EXISTS progress;
+ALTER TABLE job_history DROP COLUMN IF EXISTS progress, DROP COLUMN IF EXISTS prereqs;

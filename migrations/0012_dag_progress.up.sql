@@ -27,9 +27,10 @@ CREATE TABLE job_inputs (
 
 -- Progress (Job.SetProgress): the latest small JSON value a running job
 -- reported, written with the lease renewals and the finish, and kept in
--- job_history once the job ends.
+-- job_history once the job ends. job_history keeps prereqs too, so that a
+-- finished dependent retried by hand (Queue.Retry) still has them.
 ALTER TABLE jobs ADD COLUMN progress jsonb;
-ALTER TABLE job_history ADD COLUMN progress jsonb;
+ALTER TABLE job_history ADD COLUMN progress jsonb, ADD COLUMN prereqs uuid[];
 
 -- The claim of version 9, returning each job's prerequisites as well
 -- (prereqs; NULL when it has none). The only changes: the name, the
@@ -158,7 +159,8 @@ CREATE OR REPLACE VIEW all_jobs AS
            concurrency_key, progress
     FROM job_history;
 
--- finish() and retire() of version 9, carrying progress into job_history.
+-- finish() and retire() of version 9, carrying progress and prereqs into
+-- job_history.
 
 CREATE OR REPLACE FUNCTION retire(p_limit integer, p_keep_completed_ms bigint, p_keep_failed_ms bigint) RETURNS integer
 LANGUAGE sql VOLATILE
@@ -174,13 +176,13 @@ AS $$
     ), h AS (
         INSERT INTO job_history (id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
                                  worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
-                                 finished_at, expires_at, concurrency_key, progress)
+                                 finished_at, expires_at, concurrency_key, progress, prereqs)
         SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
                worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
                COALESCE(finished_at, now()),
                COALESCE(finished_at, now()) + CASE WHEN state = 'completed' THEN p_keep_completed_ms ELSE p_keep_failed_ms END
                    * interval '1 millisecond',
-               concurrency_key, progress
+               concurrency_key, progress, prereqs
         FROM m RETURNING type, state, run_at, started_at, finished_at
     ), c AS (
         -- In type and state order, like finish(): no two writers lock
@@ -237,7 +239,7 @@ BEGIN
     ), hist AS (
         INSERT INTO job_history (id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
                                  worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
-                                 finished_at, expires_at, concurrency_key, progress)
+                                 finished_at, expires_at, concurrency_key, progress, prereqs)
         SELECT m.id, m.type, m.args, m.tags, CASE WHEN m.fstate = 'available' THEN 'cancelled' ELSE m.fstate END,
                m.priority, m.run_at, m.attempt + m.attempt_delta, m.max_attempts, m.timeout_ms,
                m.worker, m.ordering_key, m.unique_key, m.fresult,
@@ -250,7 +252,7 @@ BEGIN
                m.created_at, m.started_at, now(),
                now() + CASE WHEN m.fstate = 'completed' THEN p_keep_completed_ms ELSE p_keep_failed_ms END
                    * interval '1 millisecond',
-               m.concurrency_key, COALESCE(m.fprogress, m.progress)
+               m.concurrency_key, COALESCE(m.fprogress, m.progress), m.prereqs
         FROM moved m
         RETURNING job_history.id, job_history.state, job_history.type, job_history.run_at, job_history.started_at
     ), cnt AS (
