@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -109,7 +110,7 @@ type Prerequisite struct {
 // depended on (DependsOn), which all completed before it ran. It is nil
 // for a job without dependencies. The claim returns them with the job:
 // this reads nothing.
-func (j *Job) PrerequisiteIDs() []uuid.UUID { return j.pre }
+func (j *Job) PrerequisiteIDs() []uuid.UUID { return slices.Clone(j.pre) }
 
 // Prerequisites returns the job's prerequisites with their types and
 // results, in the order of PrerequisiteIDs. The first call reads them all
@@ -124,7 +125,7 @@ func (j *Job) Prerequisites(ctx context.Context) ([]Prerequisite, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.preIn != nil {
-		return j.preIn, nil
+		return slices.Clone(j.preIn), nil
 	}
 	if j.store == nil {
 		return nil, errors.New("backlog: the job's prerequisites cannot be read outside a worker")
@@ -138,7 +139,7 @@ func (j *Job) Prerequisites(ctx context.Context) ([]Prerequisite, error) {
 		out[i] = Prerequisite{ID: r.ID, Type: r.Type, State: State(r.State), Result: r.Result}
 	}
 	j.preIn = out
-	return out, nil
+	return slices.Clone(out), nil
 }
 
 // PrerequisiteResult decodes the result of the job's prerequisite id into
