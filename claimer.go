@@ -45,7 +45,8 @@ func (c *claimer) claim(ctx context.Context, d *domainSpec, k, now int) (claimRe
 	for i, r := range res.Jobs {
 		jobs[i] = &Job{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, Attempt: r.Attempt,
 			MaxAttempts: r.MaxAttempts, Priority: r.Priority, Timeout: r.Timeout, CreatedAt: r.CreatedAt,
-			RunAt: r.RunAt, Metadata: r.Meta, token: r.Token, lease: held[i], waited: r.Waited, slot: r.Slot}
+			RunAt: r.RunAt, Metadata: r.Meta, token: r.Token, lease: held[i], waited: r.Waited, slot: r.Slot,
+			leases: c.leases, store: c.store, pre: r.Prereqs}
 	}
 	return claimResult{jobs: jobs, skipped: res.Skipped, limited: res.Limited, next: res.Next}, nil
 }

@@ -1,12 +1,17 @@
 package backlog
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/backlogq/backlog/internal/store"
 )
 
 // State is where a job is in its life.
@@ -56,8 +61,12 @@ type Job struct {
 
 	token  uuid.UUID
 	lease  *heldLease
-	waited time.Duration // run_at → claim, database clock
-	slot   bool          // holds a slot of a concurrency limit: its finish announces it freed
+	leases *leases        // the registry lease belongs to (progress)
+	store  *store.Store   // reads prerequisites
+	pre    []uuid.UUID    // prerequisites that completed before it ran (nil: none)
+	preIn  []Prerequisite // loaded by Prerequisites
+	waited time.Duration  // run_at → claim, database clock
+	slot   bool           // holds a slot of a concurrency limit: its finish announces it freed
 	mu     sync.Mutex
 	res    json.RawMessage
 	resE   error
@@ -88,6 +97,137 @@ func (j *Job) result() (json.RawMessage, error) {
 	return j.res, j.resE
 }
 
+// Prerequisite is a job that a job depended on (DependsOn) and that
+// completed before it ran, with its result.
+type Prerequisite struct {
+	ID   uuid.UUID
+	Type string
+	// State is StateCompleted: a job runs only once its dependencies
+	// completed. ("" when the prerequisite's record is gone, which can
+	// only happen to a job retried by hand long after it ended.)
+	State  State
+	Result json.RawMessage // its Job.SetResult value; null when it set none
+}
+
+// PrerequisiteIDs returns the IDs of the job's prerequisites: the jobs it
+// depended on (DependsOn), which all completed before it ran. It is nil
+// for a job without dependencies. The claim returns them with the job:
+// this reads nothing.
+func (j *Job) PrerequisiteIDs() []uuid.UUID { return slices.Clone(j.pre) }
+
+// Prerequisites returns the job's prerequisites with their types and
+// results, in the order of PrerequisiteIDs. The first call reads them all
+// in one statement (none for a job without dependencies: it returns nil
+// at once); later calls return the same values. The results stay readable
+// while the job is live, whatever the retention of finished jobs and
+// wherever the prerequisites' own records are.
+func (j *Job) Prerequisites(ctx context.Context) ([]Prerequisite, error) {
+	if len(j.pre) == 0 {
+		return nil, nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.preIn != nil {
+		return slices.Clone(j.preIn), nil
+	}
+	if j.store == nil {
+		return nil, errors.New("backlog: the job's prerequisites cannot be read outside a worker")
+	}
+	rows, err := j.store.Inputs(ctx, j.pre)
+	if err != nil {
+		return nil, fmt.Errorf("reading the prerequisites of job %s: %w", j.ID, err)
+	}
+	out := make([]Prerequisite, len(rows))
+	for i, r := range rows {
+		out[i] = Prerequisite{ID: r.ID, Type: r.Type, State: State(r.State), Result: r.Result}
+	}
+	j.preIn = out
+	return slices.Clone(out), nil
+}
+
+// PrerequisiteResult decodes the result of the job's prerequisite id into
+// a T. The first call reads every prerequisite of the job in one statement
+// (see Job.Prerequisites). It fails with an error matching ErrNotFound
+// when id is not one of the job's prerequisites.
+func PrerequisiteResult[T any](ctx context.Context, job *Job, id uuid.UUID) (T, error) {
+	var v T
+	ps, err := job.Prerequisites(ctx)
+	if err != nil {
+		return v, err
+	}
+	for _, p := range ps {
+		if p.ID == id {
+			return v, decodePrerequisite(p, &v)
+		}
+	}
+	return v, fmt.Errorf("%w: %s is not a prerequisite of job %s", ErrNotFound, id, job.ID)
+}
+
+// PrerequisiteResultOfType decodes the result of the job's one
+// prerequisite of type typ into a T, for a handler that knows what it
+// depends on by type rather than by ID. It fails with an error matching
+// ErrNotFound when the job has no prerequisite of that type, and with an
+// error when it has several (use PrerequisiteResult).
+func PrerequisiteResultOfType[T any](ctx context.Context, job *Job, typ string) (T, error) {
+	var v T
+	ps, err := job.Prerequisites(ctx)
+	if err != nil {
+		return v, err
+	}
+	var found *Prerequisite
+	for i := range ps {
+		if ps[i].Type == typ {
+			if found != nil {
+				return v, fmt.Errorf("backlog: job %s has several prerequisites of type %q", job.ID, typ)
+			}
+			found = &ps[i]
+		}
+	}
+	if found == nil {
+		return v, fmt.Errorf("%w: job %s has no prerequisite of type %q", ErrNotFound, job.ID, typ)
+	}
+	return v, decodePrerequisite(*found, &v)
+}
+
+func decodePrerequisite(p Prerequisite, v any) error {
+	if p.State != StateCompleted {
+		return fmt.Errorf("%w: the record of prerequisite %s is gone", ErrNotFound, p.ID)
+	}
+	res := p.Result
+	if len(res) == 0 {
+		res = json.RawMessage("null")
+	}
+	if err := json.Unmarshal(res, v); err != nil {
+		return fmt.Errorf("decoding the result of prerequisite %s (%s) into %T: %w", p.ID, p.Type, v, err)
+	}
+	return nil
+}
+
+// SetProgress records a small JSON value telling how far the job has got
+// (json.RawMessage and []byte are taken as JSON text). It returns at once:
+// the latest value of each running job is written with the lease
+// renewals, at most about once a second while it changes, and the last
+// one with the job's outcome, so a tight loop of calls costs no statement
+// of its own. Queue.Job and Queue.List show it (JobInfo.Progress), also
+// once the job has ended.
+//
+// When v does not marshal, is larger than MaxProgressBytes, or holds what
+// PostgreSQL cannot store, it returns an *InputError (matching ErrInvalid)
+// and keeps the previous value. Once the job's lease is lost it returns
+// an error matching ErrLeaseLost and writes nothing: another worker may
+// run the job by then. ctx is not used yet; it is there for a future
+// write that may wait.
+func (j *Job) SetProgress(ctx context.Context, v any) error {
+	b, err := encodeJSON("progress", v, MaxProgressBytes)
+	if err != nil {
+		return err
+	}
+	if j.leases == nil || j.lease == nil {
+		return errors.New("backlog: progress can only be set by a worker's handler")
+	}
+	return j.leases.setProgress(j.lease, b)
+}
+
 // AttemptError is one failed attempt in a job's error history.
 type AttemptError struct {
 	Attempt int       `json:"attempt"`
@@ -108,12 +248,16 @@ type JobInfo struct {
 	Timeout     time.Duration
 	Worker      string          // the worker holding it while running
 	Result      json.RawMessage // set when completed with a result
-	LastError   string
-	Errors      []AttemptError // oldest first, at most the last 20
-	CreatedAt   time.Time
-	RunAt       time.Time
-	StartedAt   *time.Time // start of the latest attempt
-	FinishedAt  *time.Time // when it reached a terminal state
+	// Progress is the latest value the job reported with Job.SetProgress
+	// (nil: none). While the job runs it lags the handler by up to about a
+	// second; once the job has ended it is the last value.
+	Progress   json.RawMessage
+	LastError  string
+	Errors     []AttemptError // oldest first, at most the last 20
+	CreatedAt  time.Time
+	RunAt      time.Time
+	StartedAt  *time.Time // start of the latest attempt
+	FinishedAt *time.Time // when it reached a terminal state
 	// The job's keys ("" when it has none): OrderingKey, UniqueKey and
 	// ConcurrencyKey.
 	OrderingKey, UniqueKey, ConcurrencyKey string

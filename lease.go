@@ -2,6 +2,8 @@ package backlog
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -40,7 +42,16 @@ type heldLease struct {
 	// failWith is set when renewing this lease failed for a reason tied
 	// to its row: the attempt fails with it.
 	failWith error
+	// progress is the latest value of Job.SetProgress, version progSeq;
+	// progSent is the version a renewal wrote (progSeq: nothing to write).
+	progress          json.RawMessage
+	progSeq, progSent uint64
 }
+
+// progressEvery is how soon after a job reports progress a renewal
+// writes it (the regular renewal, every third of a lease, writes it too
+// when it comes first).
+const progressEvery = time.Second
 
 // leases is the registry of held leases and the heartbeat service.
 type leases struct {
@@ -55,10 +66,14 @@ type leases struct {
 
 	mu   sync.Mutex
 	held map[uuid.UUID]*heldLease
+	// progKick tells the loop that a job reported progress no renewal has
+	// been asked to write yet (progPending).
+	progKick    chan struct{}
+	progPending bool
 }
 
 func newLeases(st *store.Store, log *slog.Logger, d time.Duration) *leases {
-	return &leases{store: st, log: log, duration: d, margin: d / 5, held: map[uuid.UUID]*heldLease{}}
+	return &leases{store: st, log: log, duration: d, margin: d / 5, held: map[uuid.UUID]*heldLease{}, progKick: make(chan struct{}, 1)}
 }
 
 func (l *leases) start() { l.run.start(l.loop) }
@@ -123,6 +138,40 @@ func (l *leases) remove(le *heldLease) {
 	if l.held[le.id] == le {
 		delete(l.held, le.id)
 	}
+}
+
+// setProgress records a job's latest progress for the next renewal. It
+// refuses once the lease is lost or the attempt's outcome is queued.
+func (l *leases) setProgress(le *heldLease, b json.RawMessage) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case le.lost || errors.Is(le.stop, ErrLeaseLost):
+		return fmt.Errorf("%w: progress of job %s not recorded", ErrLeaseLost, le.id)
+	case le.done:
+		return fmt.Errorf("backlog: progress of job %s not recorded: its attempt has ended", le.id)
+	}
+	le.progress = b
+	le.progSeq++
+	if !l.progPending {
+		l.progPending = true
+		select {
+		case l.progKick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// finalProgress returns the job's latest progress when a renewal has not
+// written it yet (nil otherwise): the finish writes it.
+func (l *leases) finalProgress(le *heldLease) json.RawMessage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if le.progSeq == le.progSent {
+		return nil
+	}
+	return le.progress
 }
 
 // stopLocked cancels the handler with cause (the first cause wins).
@@ -230,21 +279,38 @@ func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *procBeat) (bo
 	for i, le := range ls {
 		ids[i], tokens[i] = le.id, le.token
 	}
+	// Progress reported since the last renewal goes with this one (prog
+	// stays nil when there is none: the renewal is the plain one).
+	var prog []json.RawMessage
+	var seqs []uint64
+	l.mu.Lock()
+	for i, le := range ls {
+		if le.progSeq != le.progSent {
+			if prog == nil {
+				prog, seqs = make([]json.RawMessage, len(ls)), make([]uint64, len(ls))
+			}
+			prog[i], seqs[i] = le.progress, le.progSeq
+		}
+	}
+	if prog != nil {
+		l.progPending = false
+	}
+	l.mu.Unlock()
 	sentAt := time.Now()
 	var alive []store.Extended
 	var err error
 	if beat != nil {
 		var wrote bool
-		alive, wrote, err = l.store.ExtendBeat(ctx, ids, tokens, l.duration, beat.row)
+		alive, wrote, err = l.store.ExtendBeatWith(ctx, ids, tokens, prog, l.duration, beat.row)
 		if err == nil || (ctx.Err() == nil && !pgerr.Transient(err)) {
 			l.procs.carried(beat, wrote)
 		}
 		if err != nil && len(ls) == 1 && ctx.Err() == nil && !pgerr.Transient(err) {
 			sentAt = time.Now()
-			alive, err = l.store.Extend(ctx, ids, tokens, l.duration)
+			alive, err = l.store.ExtendWith(ctx, ids, tokens, prog, l.duration)
 		}
 	} else {
-		alive, err = l.store.Extend(ctx, ids, tokens, l.duration)
+		alive, err = l.store.ExtendWith(ctx, ids, tokens, prog, l.duration)
 	}
 	if err != nil {
 		return false, err
@@ -256,7 +322,7 @@ func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *procBeat) (bo
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, le := range ls {
+	for i, le := range ls {
 		e, ok := still[le.id]
 		switch {
 		case !ok:
@@ -266,6 +332,9 @@ func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *procBeat) (bo
 			l.loseLocked(le)
 		case e.Renewed:
 			le.deadline = sentAt.Add(l.duration - l.margin)
+			if seqs != nil && seqs[i] > le.progSent {
+				le.progSent = seqs[i]
+			}
 			if e.CancelRequested {
 				l.stopLocked(le, ErrCancelled)
 			}
@@ -300,11 +369,13 @@ func (l *leases) expire(now time.Time) {
 // loop renews leases every duration/3 until ctx ends; after a renewal that
 // failed or left a lease busy it tries again every duration/30, so that
 // local deadlines are checked often and a busy row is renewed soon. When
-// Work calls start or return, it writes the process's row at once.
+// Work calls start or return, it writes the process's row at once. When a
+// job reports progress, the renewal comes within progressEvery.
 func (l *leases) loop(ctx context.Context) {
 	every, retry := l.duration/3, max(l.duration/30, 10*time.Millisecond)
 	t := time.NewTimer(every)
 	defer t.Stop()
+	var prog <-chan time.Time // armed while progress waits for a renewal
 	for {
 		select {
 		case <-ctx.Done():
@@ -312,8 +383,15 @@ func (l *leases) loop(ctx context.Context) {
 		case <-l.procs.kick: // Work calls came or went
 			l.procs.write(ctx, l.count())
 			continue
+		case <-l.progKick:
+			if prog == nil {
+				prog = time.After(progressEvery)
+			}
+			continue
+		case <-prog:
 		case <-t.C:
 		}
+		prog = nil
 		if l.heartbeat(ctx) {
 			t.Reset(every)
 		} else {

@@ -333,10 +333,13 @@ func (m *maintenance) retirePass(ctx context.Context) {
 
 // CleanResult counts what one cleaner pass did.
 type CleanResult struct {
-	Partitions    int // expired job_history partitions dropped
-	Jobs          int // expired rows deleted from job_history's default partition
-	PeriodicRuns  int // periodic_runs rows past retention
-	Processes     int // rows of dead processes (see Queue.Processes)
+	Partitions   int // expired job_history partitions dropped
+	Jobs         int // expired rows deleted from job_history's default partition
+	PeriodicRuns int // periodic_runs rows past retention
+	Processes    int // rows of dead processes (see Queue.Processes)
+	// Inputs: kept results of prerequisites (see Job.Prerequisites) that
+	// no live job needs any more.
+	Inputs        int
 	Batches       int // statements run
 	MoreRemaining bool
 }
@@ -392,9 +395,16 @@ func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {
 	if _, err := m.store.CleanRates(ctx); err != nil {
 		return total, classify(fmt.Errorf("removing spent rate limit states: %w", err))
 	}
-	if total.Partitions > 0 || total.Jobs > 0 || total.PeriodicRuns > 0 || total.Processes > 0 {
+	n, err = m.store.CleanInputs(ctx, cleanBatch)
+	total.Inputs = n
+	total.Batches++
+	if err != nil {
+		return total, classify(fmt.Errorf("removing kept prerequisite results: %w", err))
+	}
+	if total.Partitions > 0 || total.Jobs > 0 || total.PeriodicRuns > 0 || total.Processes > 0 || total.Inputs > 0 {
 		m.log.Info("backlog: cleaner removed expired history", "partitions", total.Partitions, "jobs", total.Jobs,
-			"periodic_runs", total.PeriodicRuns, "processes", total.Processes, "batches", total.Batches, "more", total.MoreRemaining)
+			"periodic_runs", total.PeriodicRuns, "processes", total.Processes, "inputs", total.Inputs, "batches", total.Batches,
+			"more", total.MoreRemaining)
 	}
 	return total, nil
 }

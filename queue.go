@@ -199,7 +199,7 @@ func (q *Queue) Job(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 // infoOf turns a row into the JobInfo callers see.
 func infoOf(r store.Row) (*JobInfo, error) {
 	info := &JobInfo{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, State: State(r.State), Priority: r.Priority,
-		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Timeout: r.Timeout, Worker: r.Worker, Result: r.Result,
+		Attempt: r.Attempt, MaxAttempts: r.MaxAttempts, Timeout: r.Timeout, Worker: r.Worker, Result: r.Result, Progress: r.Progress,
 		LastError: r.LastError, CreatedAt: r.CreatedAt, RunAt: r.RunAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt,
 		OrderingKey: r.OrderingKey, UniqueKey: r.UniqueKey, ConcurrencyKey: r.ConcurrencyKey, Metadata: r.Meta}
 	if len(r.Errors) > 0 {

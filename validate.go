@@ -17,6 +17,7 @@ const (
 	MaxTagsBytes     = 4096      // the JSON encoding of one job's or worker's tags
 	MaxArgsBytes     = 1 << 20   // encoded args
 	MaxResultBytes   = 64 << 10  // encoded result (Job.SetResult)
+	MaxProgressBytes = 4 << 10   // encoded progress (Job.SetProgress)
 	MinPriority      = 0         // runs first
 	MaxPriority      = 100       // runs last
 	MaxKeyBytes      = 255       // length of an ordering, unique or concurrency key

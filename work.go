@@ -261,6 +261,9 @@ func (w *workCall) submit(job *Job, f store.Finish) {
 // returned (its lease could not be renewed).
 func (w *workCall) outcome(job *Job, err, cause, fail error) store.Finish {
 	f := store.Finish{ID: job.ID, Token: job.token}
+	if job.leases != nil {
+		f.Progress = job.leases.finalProgress(job.lease) // written with the outcome
+	}
 	var snooze *snoozeError
 	switch {
 	case fail != nil:

@@ -224,6 +224,14 @@ func TestPagesRender(t *testing.T) {
 	require.Contains(t, failed, "at billing.Charge")
 	require.Contains(t, failed, `&#34;amount_cents&#34;: 4999`)
 	require.Contains(t, u.page("/jobs/"+u.jobs.Completed[0].String()), `&#34;pixels&#34;: 1024`)
+	require.Contains(t, u.page("/jobs/"+u.jobs.Completed[0].String()), `<pre class="json" id="progress">`)
+	require.Contains(t, u.page("/jobs?state=completed"), `{&#34;of&#34;: 16, &#34;tiles&#34;: 16}`)
+	// A running job's progress shows once a lease renewal wrote it.
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(u.page("/jobs/"+u.jobs.Running[0].String()), `&#34;frames&#34;: 1200`) {
+		require.False(t, time.Now().After(deadline), "the running job's progress is not shown after 10s")
+		<-time.After(20 * time.Millisecond)
+	}
 
 	ck, err := u.q.Enqueue(context.Background(), seed.TypeEmail, nil, backlog.ConcurrencyKey("tenant-9"))
 	require.NoError(t, err)

@@ -27,6 +27,7 @@ type jobJSON struct {
 	TimeoutSeconds float64           `json:"timeout_seconds,omitempty"`
 	Worker         string            `json:"worker,omitempty"`
 	Result         json.RawMessage   `json:"result,omitempty"`
+	Progress       json.RawMessage   `json:"progress,omitempty"`
 	LastError      string            `json:"last_error,omitempty"`
 	Errors         []attemptJSON     `json:"errors,omitempty"`
 	CreatedAt      time.Time         `json:"created_at"`
@@ -47,7 +48,7 @@ type attemptJSON struct {
 func jobView(j *backlog.JobInfo) jobJSON {
 	v := jobJSON{ID: j.ID, Type: j.Type, State: j.State, Args: j.Args, Tags: j.Tags, Priority: j.Priority,
 		Attempt: j.Attempt, MaxAttempts: j.MaxAttempts, TimeoutSeconds: seconds(j.Timeout), Worker: j.Worker,
-		Result: j.Result, LastError: j.LastError, CreatedAt: j.CreatedAt, RunAt: j.RunAt, StartedAt: j.StartedAt,
+		Result: j.Result, Progress: j.Progress, LastError: j.LastError, CreatedAt: j.CreatedAt, RunAt: j.RunAt, StartedAt: j.StartedAt,
 		FinishedAt: j.FinishedAt, OrderingKey: j.OrderingKey, UniqueKey: j.UniqueKey, ConcurrencyKey: j.ConcurrencyKey}
 	if len(v.Args) == 0 {
 		v.Args = json.RawMessage("null")
@@ -175,6 +176,9 @@ func printJob(out io.Writer, j *backlog.JobInfo) error {
 		return err
 	}
 	fmt.Fprintf(out, "\nArgs:\n%s\n", indent(prettyJSON(j.Args)))
+	if len(j.Progress) > 0 {
+		fmt.Fprintf(out, "\nProgress:\n%s\n", indent(prettyJSON(j.Progress)))
+	}
 	if len(j.Result) > 0 {
 		fmt.Fprintf(out, "\nResult:\n%s\n", indent(prettyJSON(j.Result)))
 	}

@@ -24,6 +24,12 @@ type EmailArgs struct {
 	Subject string `json:"subject"`
 }
 
+// Report is the result of a report.render job, which the email that
+// depends on it reads.
+type Report struct {
+	URL string `json:"url"`
+}
+
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
@@ -68,6 +74,14 @@ func run() error {
 	// Handlers, routed by job type.
 	mux := backlog.NewMux()
 	mux.Handle("email.send", backlog.HandleJSON(func(ctx context.Context, job *backlog.Job, a EmailArgs) error {
+		if len(job.PrerequisiteIDs()) > 0 {
+			// It depends on the report: attach the report's link.
+			r, err := backlog.PrerequisiteResultOfType[Report](ctx, job, "report.render")
+			if err != nil {
+				return err
+			}
+			a.Subject += " (" + r.URL + ")"
+		}
 		fmt.Printf("  [worker] attempt %d: sending %q to %s\n", job.Attempt, a.Subject, a.To)
 		return job.SetResult(map[string]string{"message_id": "msg-" + job.ID.String()[28:]})
 	}))
@@ -76,8 +90,14 @@ func run() error {
 			fmt.Printf("  [worker] attempt %d: rendering report… the printer is on fire, will retry\n", job.Attempt)
 			return errors.New("printer on fire")
 		}
+		for page := 1; page <= 3; page++ {
+			// Shown by q.Job (and the dashboard) while it runs and after.
+			if err := job.SetProgress(ctx, map[string]int{"page": page, "of": 3}); err != nil {
+				return err
+			}
+		}
 		fmt.Printf("  [worker] attempt %d: report rendered\n", job.Attempt)
-		return nil
+		return job.SetResult(Report{URL: "https://example.com/reports/2026-10.pdf"})
 	}, backlog.RetryBackoff(backlog.Backoff{Initial: 200 * time.Millisecond}))
 	mux.HandleFunc("invoice.charge", func(ctx context.Context, job *backlog.Job) error {
 		fmt.Printf("  [worker] attempt %d: card declined, no point retrying\n", job.Attempt)
@@ -99,10 +119,12 @@ func run() error {
 	}); err != nil {
 		return err
 	}
+	// A small DAG: the email waits for the report and reads its result.
+	report := backlog.NewID()
 	more, err := q.EnqueueMany(ctx, []backlog.JobSpec{
-		{Type: "report.render", Args: map[string]string{"month": "2026-10"}},
+		{ID: report, Type: "report.render", Args: map[string]string{"month": "2026-10"}},
 		{Type: "email.send", Args: EmailArgs{To: "grace@example.com", Subject: "Your report"},
-			Options: []backlog.EnqueueOption{backlog.Delay(300 * time.Millisecond)}},
+			Options: []backlog.EnqueueOption{backlog.DependsOn(report)}},
 	})
 	if err != nil {
 		return err
@@ -133,6 +155,9 @@ func run() error {
 		line := fmt.Sprintf("  %-15s %-10s attempts=%d", info.Type, info.State, info.Attempt)
 		if len(info.Result) > 0 {
 			line += " result=" + string(info.Result)
+		}
+		if len(info.Progress) > 0 {
+			line += " progress=" + string(info.Progress)
 		}
 		if info.LastError != "" {
 			line += fmt.Sprintf(" last_error=%q", info.LastError)

@@ -30,6 +30,9 @@ type Claimed struct {
 	Slot bool
 	// Meta is the job's metadata (nil when it has none).
 	Meta map[string]string
+	// Prereqs are the job's prerequisites that completed before it could
+	// run (nil: it has none).
+	Prereqs []uuid.UUID
 
 	rawTags []byte // the tags' JSON, until decoded
 	rawMeta []byte // the metadata's JSON, until decoded
@@ -115,8 +118,9 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 	return res, rows.Err()
 }
 
-// claimColumns is how many columns the claim function returns.
-const claimColumns = 17
+// claimColumns is how many columns the claim function returns: column
+// 16 is the metadata (migration 0011), 17 the prerequisites (0012).
+const claimColumns = 18
 
 // pgEpoch is PostgreSQL's timestamp epoch, in Unix microseconds.
 const pgEpoch = 946684800 * 1_000_000
@@ -190,7 +194,42 @@ func decodeClaimed(v [][]byte, jsonText *[claimColumns]bool, c *Claimed, res *Cl
 	c.CreatedAt = time.UnixMicro(int64(be.Uint64(v[9])) + pgEpoch)
 	c.RunAt = time.UnixMicro(int64(be.Uint64(v[10])) + pgEpoch)
 	c.Waited = time.Duration(int64(be.Uint64(v[11]))) * time.Microsecond
+	if v[17] != nil {
+		if c.Prereqs, err = decodeUUIDArray(v[17]); err != nil {
+			return false, err
+		}
+	}
 	return true, nil
+}
+
+// decodeUUIDArray decodes a one-dimensional uuid[] in binary format
+// (prereqs: only jobs with dependencies have one).
+func decodeUUIDArray(b []byte) ([]uuid.UUID, error) {
+	be := binary.BigEndian
+	if len(b) < 12 {
+		return nil, fmt.Errorf("claim: short uuid[] (%d bytes)", len(b))
+	}
+	ndim := int32(be.Uint32(b))
+	if ndim == 0 {
+		return []uuid.UUID{}, nil
+	}
+	if ndim != 1 || len(b) < 20 {
+		return nil, fmt.Errorf("claim: uuid[] of %d dimensions", ndim)
+	}
+	n := int(int32(be.Uint32(b[12:])))
+	b = b[20:]
+	if n < 0 || len(b) != n*20 {
+		return nil, fmt.Errorf("claim: uuid[] of %d elements in %d bytes", n, len(b))
+	}
+	out := make([]uuid.UUID, n)
+	for i := range out {
+		if int32(be.Uint32(b)) != 16 {
+			return nil, fmt.Errorf("claim: uuid[] element %d is not 16 bytes", i)
+		}
+		copy(out[i][:], b[4:20])
+		b = b[20:]
+	}
+	return out, nil
 }
 
 // scanClaimed scans one row of the claim function through pgx, for a
@@ -210,9 +249,10 @@ func scanClaimed(rows pgx.Rows, c *Claimed, res *ClaimResult) (bool, error) {
 		limited         *int16
 		slot            *bool
 		meta            []byte
+		prereqs         [][16]byte
 	)
 	if err := rows.Scan(&id, &typ, &args, &tags, &attempt, &maxAtt, &prio, &timeoutMS, &token, &created, &runAt,
-		&waitedUS, &nextMS, &skipped, &limited, &slot, &meta); err != nil {
+		&waitedUS, &nextMS, &skipped, &limited, &slot, &meta, &prereqs); err != nil {
 		return false, err
 	}
 	if skipped != nil {
@@ -231,5 +271,11 @@ func scanClaimed(rows pgx.Rows, c *Claimed, res *ClaimResult) (bool, error) {
 		Priority: int(*prio), Timeout: time.Duration(*timeoutMS) * time.Millisecond, Token: *token,
 		CreatedAt: *created, RunAt: *runAt, Waited: time.Duration(*waitedUS) * time.Microsecond, rawTags: tags,
 		Slot: slot != nil && *slot, rawMeta: meta}
+	if prereqs != nil {
+		c.Prereqs = make([]uuid.UUID, len(prereqs))
+		for i, p := range prereqs {
+			c.Prereqs[i] = p
+		}
+	}
 	return true, nil
 }

@@ -45,9 +45,9 @@ func (s *Store) buildControl() {
 	cancel_requested = false, notify_done = false, result = NULL, max_attempts = greatest(max_attempts, attempt + 1)
 WHERE id = $1 AND state IN ('completed', 'failed', 'cancelled')`
 	cols := `id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms, worker, ordering_key,
-	unique_key, blocked_by, last_error, errors, created_at, started_at, concurrency_key, meta`
+	unique_key, blocked_by, last_error, errors, created_at, started_at, concurrency_key, meta, prereqs`
 	back := `SELECT id, type, args, tags, %s, priority, now(), attempt, greatest(max_attempts, attempt + 1), timeout_ms,
-	worker, ordering_key, unique_key, %s, last_error, errors, created_at, started_at, concurrency_key, meta`
+	worker, ordering_key, unique_key, %s, last_error, errors, created_at, started_at, concurrency_key, meta, prereqs`
 	c.retryFinished = `WITH h AS (DELETE FROM ` + s.history + ` WHERE id = $1 RETURNING *)
 INSERT INTO ` + s.jobs + ` (` + cols + `) ` + fmt.Sprintf(back, "$2", "$3") + ` FROM h RETURNING id`
 	// Batches of finished jobs are found by finish time, the IDs only

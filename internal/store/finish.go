@@ -25,7 +25,7 @@ const (
 )
 
 type finishSQL struct {
-	fast, skip, wait, ended, held, extend, sweep, sweepIDs, nextExpiry, expired, failExpired string
+	fast, skip, wait, ended, held, extend, extendProgress, sweep, sweepIDs, nextExpiry, expired, failExpired string
 }
 
 // Finish is one fenced terminal or retry write.
@@ -37,6 +37,9 @@ type Finish struct {
 	AttemptDelta int           // -1 gives the attempt back (snooze, release)
 	Result       json.RawMessage
 	Err          *string // appended to the error history when set
+	// Progress is the job's latest progress, written with the outcome
+	// (nil: unchanged).
+	Progress json.RawMessage
 }
 
 // FinishStatus is what became of one Finish.
@@ -64,11 +67,11 @@ func (s *Store) buildFinish() {
 	// (the history keeps it). Rows are locked FOR UPDATE, the lock every
 	// move to a terminal state takes (see graph.go), in ID order.
 	f.fast = `SELECT id, state, status FROM ` + pgx.Identifier{s.schema, "finish"}.Sanitize() +
-		`($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $8::uuid[], $9, $10, $11, $12)`
+		`($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $8::uuid[], $9, $10, $11, $12, $13::jsonb[])`
 	stmt := func(lock string) string {
 		return `WITH f AS (
-	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[])
-	       AS t(id, token, state, delay_ms, attempt_delta, result, err)
+	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $9::jsonb[])
+	       AS t(id, token, state, delay_ms, attempt_delta, result, err, progress)
 ), l AS (
 	SELECT j.id FROM ` + s.jobs + ` j JOIN f ON j.id = f.id
 	WHERE j.lease_token = f.token AND j.state = 'running'
@@ -80,6 +83,7 @@ func (s *Store) buildFinish() {
 		run_at = CASE WHEN f.state = 'available' AND f.delay_ms >= 0 THEN now() + f.delay_ms * interval '1 millisecond' ELSE j.run_at END,
 		attempt = j.attempt + f.attempt_delta,
 		result = f.result,
+		progress = COALESCE(f.progress, j.progress),
 		last_error = CASE WHEN f.state = 'completed' THEN NULL
 		                  WHEN j.cancel_requested AND f.state = 'available' THEN 'cancelled by request' || COALESCE('; its last attempt ended with: ' || f.err, '')
 		                  ELSE COALESCE(f.err, j.last_error) END,
@@ -124,6 +128,18 @@ SELECT u.id, u.cancel_requested, true FROM u
 UNION ALL
 SELECT j.id, false, false FROM ` + s.jobs + ` j JOIN t ON j.id = t.id
 WHERE j.lease_token = t.token AND j.state = 'running' AND j.id NOT IN (SELECT id FROM u)`
+	// The same, writing each job's latest progress ($4; NULL: unchanged)
+	// with its renewal: only when a job reported progress since the last
+	// renewal, so that the renewal of jobs that report none stays as it
+	// was.
+	f.extendProgress = strings.NewReplacer(
+		"unnest($1::uuid[], $2::uuid[]) AS t(id, token)", "unnest($1::uuid[], $2::uuid[], $4::jsonb[]) AS t(id, token, progress)",
+		"SET lease_expires_at = now() + $3 * interval '1 millisecond'\n\tFROM l WHERE j.id = l.id",
+		"SET lease_expires_at = now() + $3 * interval '1 millisecond', progress = COALESCE(t.progress, j.progress)\n\tFROM l JOIN t ON t.id = l.id WHERE j.id = l.id",
+	).Replace(f.extend)
+	if strings.Count(f.extendProgress, "progress") != 4 {
+		panic("store: the lease renewal statement changed; rebuild extendProgress")
+	}
 
 	// The expired-lease sweep: back to available keeping run_at (ahead of
 	// jobs due later), failed once attempts are used up, cancelled when a
@@ -175,6 +191,7 @@ type finishArrays struct {
 	deltas      []int32
 	results     []json.RawMessage
 	errs        []*string
+	progress    []json.RawMessage // nil when no job has any
 }
 
 func finishArraysOf(fs []Finish) finishArrays {
@@ -188,6 +205,12 @@ func finishArraysOf(fs []Finish) finishArrays {
 			a.delays[i] = -1 // keep run_at
 		}
 		a.results[i], a.errs[i] = f.Result, f.Err
+		if f.Progress != nil {
+			if a.progress == nil {
+				a.progress = make([]json.RawMessage, n)
+			}
+			a.progress[i] = f.Progress
+		}
 	}
 	return a
 }
@@ -238,7 +261,7 @@ func (s *Store) Finish(ctx context.Context, fs []Finish) (FinishResult, error) {
 // with dependents it rolls back and returns them instead.
 func (s *Store) finishOnce(ctx context.Context, a *finishArrays, exclude [][16]byte) (FinishResult, [][16]byte, error) {
 	rows, err := s.pool.Query(ctx, s.fin.fast, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs,
-		exclude, s.channel, s.keepCompleted.Milliseconds(), s.keepFailed.Milliseconds(), MaxErrors)
+		exclude, s.channel, s.keepCompleted.Milliseconds(), s.keepFailed.Milliseconds(), MaxErrors, a.progress)
 	if err != nil {
 		return FinishResult{}, nil, err
 	}
@@ -299,7 +322,7 @@ func (s *Store) FinishGraph(ctx context.Context, fs []Finish, wait bool) (Finish
 	var res FinishResult
 	err := s.runGraphTx(ctx, timeout, func(tx pgx.Tx, plan *lockPlan) error {
 		res = FinishResult{Status: make(map[uuid.UUID]FinishStatus, n), State: make(map[uuid.UUID]string, n)}
-		rows, err := tx.Query(ctx, stmt, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs, s.channel)
+		rows, err := tx.Query(ctx, stmt, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs, s.channel, a.progress)
 		if err != nil {
 			return err
 		}
@@ -386,7 +409,19 @@ type Extended struct {
 // Extend renews the leases given by ids and tokens to now() + lease, fenced
 // like Finish. It returns the leases still held; the others are lost.
 func (s *Store) Extend(ctx context.Context, ids, tokens []uuid.UUID, lease time.Duration) ([]Extended, error) {
-	rows, err := s.pool.Query(ctx, s.fin.extend, Mode, ids16(ids), ids16(tokens), lease.Milliseconds())
+	return s.ExtendWith(ctx, ids, tokens, nil, lease)
+}
+
+// ExtendWith is Extend writing, with each renewal, the job's progress[i]
+// (nil: unchanged; progress nil: none).
+func (s *Store) ExtendWith(ctx context.Context, ids, tokens []uuid.UUID, progress []json.RawMessage, lease time.Duration) ([]Extended, error) {
+	var rows pgx.Rows
+	var err error
+	if progress == nil {
+		rows, err = s.pool.Query(ctx, s.fin.extend, Mode, ids16(ids), ids16(tokens), lease.Milliseconds())
+	} else {
+		rows, err = s.pool.Query(ctx, s.fin.extendProgress, Mode, ids16(ids), ids16(tokens), lease.Milliseconds(), progress)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -72,6 +72,14 @@ import (
 // limit lock exclusive before they touch its rows; the cleaner deletes
 // job_rates rows with SKIP LOCKED. None of these waits for a graph lock,
 // and no graph operation takes them, so the two orders cannot form a cycle.
+//
+// # Kept results (migration 0012)
+//
+// A release, and an enqueue whose prerequisite had already completed,
+// upsert the prerequisite's row of job_inputs after they hold its job row
+// (FOR UPDATE, resp. KEY SHARE), in ID order. Two writers of one
+// job_inputs row are thus already ordered by the job row's lock; the
+// cleaner deletes job_inputs rows with SKIP LOCKED and takes no job lock.
 
 type graphSQL struct {
 	lockKeys, tryKeys, tails, lockPrereqs, insert, insertUnique, edges, liveHolders string
@@ -158,19 +166,29 @@ SELECT count(*) FROM upd`
 	// terminal predecessor in a chain) unblocks, a failed or cancelled
 	// dependency cancels. Returns the jobs made available (to announce) and
 	// the newly cancelled jobs (the next level), and sends completion
-	// notices.
+	// notices. A dependency that completed is recorded in the dependent's
+	// prereqs, and its result copied aside into job_inputs (see
+	// inputs.go), so the dependent can read it whatever becomes of the
+	// prerequisite's row.
 	g.release = `WITH e AS (
 	DELETE FROM ` + s.edges + ` x USING ` + s.jobs + ` p
 	WHERE x.prereq = p.id AND p.id = ANY($1::uuid[]) AND p.state IN ('completed', 'failed', 'cancelled')
 	  AND ($3::uuid[] IS NULL OR x.job = ANY($3::uuid[]))
 	RETURNING x.job, x.kind, x.prereq, p.state AS pstate
+), kept AS (
+	INSERT INTO ` + s.inputs + ` AS k (id, type, result)
+	SELECT p.id, p.type, p.result FROM ` + s.jobs + ` p
+	WHERE p.id IN (SELECT prereq FROM e WHERE kind = 'depends' AND pstate = 'completed') ORDER BY p.id
+	ON CONFLICT (id) DO UPDATE SET kept_at = now()
 ), agg AS (
 	SELECT job, count(*)::int AS n,
-	       (array_agg(prereq::text || ' ' || pstate ORDER BY prereq) FILTER (WHERE kind = 'depends' AND pstate <> 'completed'))[1] AS bad
+	       (array_agg(prereq::text || ' ' || pstate ORDER BY prereq) FILTER (WHERE kind = 'depends' AND pstate <> 'completed'))[1] AS bad,
+	       array_agg(prereq ORDER BY prereq) FILTER (WHERE kind = 'depends' AND pstate = 'completed') AS done
 	FROM e GROUP BY job
 ), upd AS (
 	UPDATE ` + s.jobs + ` j SET
 		blocked_by = j.blocked_by - agg.n,
+		prereqs = CASE WHEN agg.done IS NULL THEN j.prereqs ELSE COALESCE(j.prereqs, '{}') || agg.done END,
 		state = CASE WHEN agg.bad IS NOT NULL THEN 'cancelled'
 		             WHEN j.blocked_by - agg.n <= 0 THEN (CASE WHEN j.run_at > now() THEN 'scheduled' ELSE 'available' END)
 		             ELSE 'blocked' END,

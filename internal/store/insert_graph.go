@@ -66,6 +66,7 @@ func (s *Store) InsertGraph(ctx context.Context, tx DB, jobs []GraphJob) (GraphR
 		{"looking up unique keys", g.findHeldKeys},
 		{"inserting jobs", g.insertRows},
 		{"inserting edges", g.insertEdges},
+		{"keeping prerequisites' results", g.recordInputs},
 	}
 	for _, st := range steps {
 		if err := st.run(ctx); err != nil {
@@ -94,6 +95,7 @@ type graphInsert struct {
 	lastErr  []*string
 	eP, eJ   []uuid.UUID // edges: prerequisite, job
 	eK       []string    // edge kinds
+	cJ, cP   []uuid.UUID // jobs and their prerequisites that had already completed
 	inserted map[uuid.UUID]bool
 }
 
@@ -218,6 +220,7 @@ func (g *graphInsert) planEdges(context.Context) error {
 			}
 			switch {
 			case st == "completed":
+				g.cJ, g.cP = append(g.cJ, j.ID), append(g.cP, d)
 			case st == "failed" || st == "cancelled":
 				if g.lastErr[i] == nil {
 					msg := fmt.Sprintf("cancelled: prerequisite %s %s", d, st)
@@ -250,6 +253,22 @@ func (g *graphInsert) planEdges(context.Context) error {
 		prev[k] = j.ID
 	}
 	return nil
+}
+
+// recordInputs lists prerequisites that had already completed in their
+// inserted dependents' prereqs, and keeps their results (inputs.go): the
+// release that does it for the others will not come for these.
+func (g *graphInsert) recordInputs(ctx context.Context) error {
+	var jobs, prereqs []uuid.UUID
+	for i, j := range g.cJ {
+		if g.inserted[j] {
+			jobs, prereqs = append(jobs, j), append(prereqs, g.cP[i])
+		}
+	}
+	if len(jobs) == 0 {
+		return nil
+	}
+	return g.s.recordInputs(ctx, g.tx, jobs, prereqs)
 }
 
 func (g *graphInsert) addEdge(i int, prereq uuid.UUID, kind string) {

@@ -245,7 +245,7 @@ func likeEscape(s string) string {
 
 const listCols = `r.id, r.type, r.args, r.tags, r.state, r.priority, r.run_at, r.attempt, r.max_attempts, r.timeout_ms,
 	COALESCE(r.worker, ''), r.result, COALESCE(r.last_error, ''), r.errors, r.created_at, r.started_at, r.finished_at,
-	COALESCE(r.ordering_key, ''), COALESCE(r.unique_key, ''), COALESCE(r.concurrency_key, ''), r.meta`
+	COALESCE(r.ordering_key, ''), COALESCE(r.unique_key, ''), COALESCE(r.concurrency_key, ''), r.meta, r.progress`
 
 // listScan runs one bounded listing statement: the rows of `read` (a
 // SELECT of at most q.Scan rows, in the walk's order, whose parameters
@@ -287,7 +287,7 @@ LEFT JOIN r ON ` + f.sql("r.")
 			meta               []byte
 		)
 		if err := rows.Scan(&id, &typ, &r.Args, &tags, &state, &prio, &runAt, &att, &maxA, &timeoutMS, &worker, &r.Result,
-			&lastErr, &r.Errors, &created, &r.StartedAt, &r.FinishedAt, &okey, &ukey, &ckey, &meta, &lastID, &lastFin, &count); err != nil {
+			&lastErr, &r.Errors, &created, &r.StartedAt, &r.FinishedAt, &okey, &ukey, &ckey, &meta, &r.Progress, &lastID, &lastFin, &count); err != nil {
 			return nil, 0, err
 		}
 		if count != nil {

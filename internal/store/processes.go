@@ -23,7 +23,7 @@ import (
 const DeadAfterLeases = 3
 
 type procSQL struct {
-	register, beat, extendBeat, unregister, list, clean string
+	register, beat, extendBeat, extendBeatProgress, unregister, list, clean string
 }
 
 func (s *Store) buildProcesses() {
@@ -62,9 +62,13 @@ RETURNING p.started_at`
 	if !strings.HasPrefix(ext, "WITH ") {
 		panic("store: the lease renewal statement no longer starts with WITH; rebuild extendBeat")
 	}
-	p.extendBeat = `WITH beat AS (` + beat(maxParam(ext)+1) + `), ` + strings.TrimPrefix(ext, "WITH ") + `
+	withBeat := func(ext string) string {
+		return `WITH beat AS (` + beat(maxParam(ext)+1) + `), ` + strings.TrimPrefix(ext, "WITH ") + `
 UNION ALL
 SELECT NULL, false, false FROM beat`
+	}
+	p.extendBeat = withBeat(ext)
+	p.extendBeatProgress = withBeat(s.fin.extendProgress)
 	p.unregister = `DELETE FROM ` + t + ` WHERE worker = $1 AND instance = $2`
 	p.list = `SELECT worker, host, pid, started_at, heartbeat_at, lease_ms, works, running, leased FROM ` + t + ` p
 WHERE NOT (` + dead("p") + `)
@@ -121,8 +125,18 @@ func (s *Store) Beat(ctx context.Context, p Process) (bool, error) {
 // ExtendBeat is Extend with p's heartbeat (as Beat) in the same statement;
 // beat reports whether the heartbeat was written.
 func (s *Store) ExtendBeat(ctx context.Context, ids, tokens []uuid.UUID, lease time.Duration, p Process) (out []Extended, beat bool, err error) {
-	rows, err := s.pool.Query(ctx, s.procs.extendBeat, Mode, ids16(ids), ids16(tokens), lease.Milliseconds(),
-		p.Worker, p.Instance, p.Works, int32(p.Running), int32(p.Leased))
+	return s.ExtendBeatWith(ctx, ids, tokens, nil, lease, p)
+}
+
+// ExtendBeatWith is ExtendBeat writing progress too, like ExtendWith.
+func (s *Store) ExtendBeatWith(ctx context.Context, ids, tokens []uuid.UUID, progress []json.RawMessage, lease time.Duration, p Process) (out []Extended, beat bool, err error) {
+	args := []any{Mode, ids16(ids), ids16(tokens), lease.Milliseconds()}
+	stmt := s.procs.extendBeat
+	if progress != nil {
+		args, stmt = append(args, progress), s.procs.extendBeatProgress
+	}
+	args = append(args, p.Worker, p.Instance, p.Works, int32(p.Running), int32(p.Leased))
+	rows, err := s.pool.Query(ctx, stmt, args...)
 	if err != nil {
 		return nil, false, err
 	}

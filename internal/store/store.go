@@ -60,6 +60,7 @@ type Store struct {
 	jobs    string // quoted, schema-qualified jobs table (live jobs)
 	history string // quoted, schema-qualified job_history table (finished jobs)
 	edges   string // quoted, schema-qualified job_edges table
+	inputs  string // quoted, schema-qualified job_inputs table (prerequisites' results)
 
 	// Retention of finished jobs, written into job_history's expires_at.
 	keepCompleted, keepFailed time.Duration
@@ -79,6 +80,7 @@ type Store struct {
 	control controlSQL
 	procs   procSQL
 	sched   schedSQL
+	in      inputsSQL
 }
 
 // ChannelName is the NOTIFY channel used for a schema.
@@ -91,9 +93,11 @@ func New(pool *pgxpool.Pool, schema string) *Store {
 	s.jobs = pgx.Identifier{schema, "jobs"}.Sanitize()
 	s.history = pgx.Identifier{schema, "job_history"}.Sanitize()
 	s.edges = pgx.Identifier{schema, "job_edges"}.Sanitize()
+	s.inputs = pgx.Identifier{schema, "job_inputs"}.Sanitize()
 	s.buildCore()
 	s.buildFinish()
 	s.buildGraph()
+	s.buildInputs()
 	s.buildMaintenance()
 	s.buildHistory()
 	s.buildCounts()
@@ -171,15 +175,15 @@ FROM agg a`
 	// until the domain's next scheduled job is due (database clock) and
 	// whether due jobs exist that it skipped because another transaction
 	// held them locked. The function keeps its plans for the session.
-	// claim_jobs (migration 0011) is that claim returning the jobs'
-	// metadata too.
+	// claim_jobs (migrations 0011 and 0012) is that claim returning each
+	// job's metadata and prerequisites too.
 	s.sql.claim = `SELECT * FROM ` + pgx.Identifier{s.schema, "claim_jobs"}.Sanitize() + `($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text)`
 
 	// A job is in jobs while live and in job_history once finished (the
 	// move is one transaction, so one snapshot sees it in exactly one).
 	getCols := `id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
 	COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at,
-	COALESCE(ordering_key, ''), COALESCE(unique_key, ''), COALESCE(concurrency_key, ''), meta`
+	COALESCE(ordering_key, ''), COALESCE(unique_key, ''), COALESCE(concurrency_key, ''), meta, progress`
 	s.sql.get = `SELECT ` + getCols + ` FROM ` + s.jobs + ` WHERE id = $1
 UNION ALL
 SELECT ` + getCols + ` FROM ` + s.history + ` WHERE id = $1
@@ -412,6 +416,8 @@ type Row struct {
 	OrderingKey, UniqueKey, ConcurrencyKey string
 	// Meta is the job's metadata (nil: none).
 	Meta map[string]string
+	// Progress is Job.SetProgress's latest value (nil: none).
+	Progress json.RawMessage
 }
 
 // Get reads one job, or returns ErrNotFound.
@@ -426,7 +432,7 @@ func (s *Store) Get(ctx context.Context, db DB, id uuid.UUID) (Row, error) {
 	)
 	err := db.QueryRow(ctx, s.sql.get, Mode, id).Scan(&r.ID, &r.Type, &r.Args, &tags, &r.State, &prio, &r.RunAt,
 		&att, &maxA, &timeoutMS, &r.Worker, &r.Result, &r.LastError, &r.Errors, &r.CreatedAt, &r.StartedAt, &r.FinishedAt,
-		&r.OrderingKey, &r.UniqueKey, &r.ConcurrencyKey, &meta)
+		&r.OrderingKey, &r.UniqueKey, &r.ConcurrencyKey, &meta, &r.Progress)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Row{}, ErrNotFound
 	}

@@ -52,14 +52,17 @@ type Jobs struct {
 	Paused                            uuid.UUID
 }
 
-// Handler works the seeded types: TypeOK and TypePausable complete,
-// TypeFail fails permanently on its first attempt and completes when
-// retried, XSSType fails permanently, TypeSlow runs until its context
-// ends or release is closed.
+// Handler works the seeded types: TypeOK and TypePausable complete
+// (reporting progress), TypeFail fails permanently on its first attempt
+// and completes when retried, XSSType fails permanently, TypeSlow reports
+// progress and runs until its context ends or release is closed.
 func Handler(release <-chan struct{}) backlog.Handler {
 	return backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
 		switch job.Type {
 		case TypeOK, TypePausable:
+			if err := job.SetProgress(ctx, map[string]int{"tiles": 16, "of": 16}); err != nil {
+				return err
+			}
 			return job.SetResult(map[string]any{"pixels": 1024, "ok": true})
 		case TypeFail:
 			if job.Attempt > 1 {
@@ -69,6 +72,9 @@ func Handler(release <-chan struct{}) backlog.Handler {
 		case XSSType:
 			return backlog.Permanent(errors.New(XSSError))
 		case TypeSlow:
+			if err := job.SetProgress(ctx, map[string]int{"frames": 1200, "of": 4800}); err != nil {
+				return err
+			}
 			select {
 			case <-ctx.Done():
 				return ctx.Err()

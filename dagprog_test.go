@@ -1,0 +1,472 @@
+package backlog_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/backlogq/backlog"
+	"github.com/backlogq/backlog/internal/testdb"
+)
+
+// stmtTracer records the SQL of every statement a pool runs.
+type stmtTracer struct {
+	mu   sync.Mutex
+	sqls []string
+}
+
+func (t *stmtTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	t.mu.Lock()
+	t.sqls = append(t.sqls, d.SQL)
+	t.mu.Unlock()
+	return ctx
+}
+
+func (t *stmtTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// mark returns how many statements ran so far.
+func (t *stmtTracer) mark() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.sqls)
+}
+
+// since returns the statements run after mark m that contain sub.
+func (t *stmtTracer) since(m int, sub string) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for _, s := range t.sqls[m:] {
+		if strings.Contains(s, sub) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// tracedEnv is newEnv on a pool of its own whose statements are recorded.
+func tracedEnv(t *testing.T, opts ...backlog.Option) (*env, *stmtTracer) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 8
+	tr := &stmtTracer{}
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e := &env{t: t, pool: pool, schema: testdb.Schema(t)}
+	e.q = e.queue(pool, opts...)
+	require.NoError(t, e.q.Migrate(context.Background()))
+	return e, tr
+}
+
+type stepA struct{ N int }
+type stepB struct {
+	N     int
+	FromA int
+}
+type stepC struct{ Sum int }
+
+// TestDAGResultsDownstream: a three-level DAG where each step reads the
+// typed results of its prerequisites; the middle step fails once and is
+// retried, and reads them again on the retry.
+func TestDAGResultsDownstream(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	a, b, c := backlog.NewID(), backlog.NewID(), backlog.NewID()
+	_, err := e.q.EnqueueMany(ctx, []backlog.JobSpec{
+		{ID: a, Type: "dag.a", Args: map[string]int{"n": 7}},
+		{ID: b, Type: "dag.b", Options: []backlog.EnqueueOption{backlog.DependsOn(a), backlog.MaxAttempts(3)}},
+		{ID: c, Type: "dag.c", Options: []backlog.EnqueueOption{backlog.DependsOn(a, b)}},
+	})
+	require.NoError(t, err)
+
+	var bAttempts atomic.Int32
+	var mu sync.Mutex
+	var got []string
+	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		switch job.Type {
+		case "dag.a":
+			if job.PrerequisiteIDs() != nil {
+				return errors.New("a has no prerequisites")
+			}
+			ps, err := job.Prerequisites(ctx)
+			if err != nil || ps != nil {
+				return errors.New("a: Prerequisites should be nil")
+			}
+			var args struct{ N int }
+			if err := json.Unmarshal(job.Args, &args); err != nil {
+				return err
+			}
+			return job.SetResult(stepA{N: args.N})
+		case "dag.b":
+			if ids := job.PrerequisiteIDs(); len(ids) != 1 || ids[0] != a {
+				return backlog.Permanent(errors.New("b: wrong prerequisites"))
+			}
+			ra, err := backlog.PrerequisiteResult[stepA](ctx, job, a)
+			if err != nil {
+				return backlog.Permanent(err)
+			}
+			if bAttempts.Add(1) == 1 {
+				return errors.New("b fails once")
+			}
+			return job.SetResult(stepB{N: ra.N * 10, FromA: ra.N})
+		case "dag.c":
+			ps, err := job.Prerequisites(ctx)
+			if err != nil {
+				return backlog.Permanent(err)
+			}
+			mu.Lock()
+			for _, p := range ps {
+				got = append(got, p.Type+":"+string(p.State))
+			}
+			mu.Unlock()
+			ra, err := backlog.PrerequisiteResultOfType[stepA](ctx, job, "dag.a")
+			if err != nil {
+				return backlog.Permanent(err)
+			}
+			rb, err := backlog.PrerequisiteResult[stepB](ctx, job, b)
+			if err != nil {
+				return backlog.Permanent(err)
+			}
+			if _, err := backlog.PrerequisiteResult[stepA](ctx, job, uuid.New()); !errors.Is(err, backlog.ErrNotFound) {
+				return backlog.Permanent(errors.New("an unknown prerequisite must be ErrNotFound"))
+			}
+			if _, err := backlog.PrerequisiteResult[int](ctx, job, a); err == nil {
+				return backlog.Permanent(errors.New("decoding into the wrong type must fail"))
+			}
+			return job.SetResult(stepC{Sum: ra.N + rb.N + rb.FromA})
+		}
+		return backlog.Permanent(errors.New("unknown type"))
+	})
+	stop := work(t, e.q, h, backlog.Types("dag.a", "dag.b", "dag.c"),
+		backlog.RetryBackoff(backlog.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}))
+	defer func() { require.NoError(t, stop()) }()
+
+	info := e.waitJob(c, 20*time.Second, func(i *backlog.JobInfo) bool { return i.State.Terminal() })
+	require.NoError(t, info.Err())
+	var res stepC
+	require.NoError(t, info.DecodeResult(&res))
+	require.Equal(t, 7+70+7, res.Sum)
+	require.EqualValues(t, 2, bAttempts.Load())
+	bi, err := e.q.Job(ctx, b)
+	require.NoError(t, err)
+	require.Equal(t, 2, bi.Attempt)
+	mu.Lock()
+	require.ElementsMatch(t, []string{"dag.a:completed", "dag.b:completed"}, got)
+	mu.Unlock()
+}
+
+// TestPrerequisiteAlreadyCompleted: a job enqueued after its prerequisite
+// completed lists it too, and reads its result.
+func TestPrerequisiteAlreadyCompleted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		if job.Type == "early" {
+			return job.SetResult(stepA{N: 3})
+		}
+		r, err := backlog.PrerequisiteResultOfType[stepA](ctx, job, "early")
+		if err != nil {
+			return backlog.Permanent(err)
+		}
+		return job.SetResult(r.N + 1)
+	})
+	stop := work(t, e.q, h, backlog.Types("early", "late"))
+	defer func() { require.NoError(t, stop()) }()
+	a, err := e.q.Enqueue(ctx, "early", nil)
+	require.NoError(t, err)
+	e.waitState(a, 10*time.Second, backlog.StateCompleted)
+	b, err := e.q.Enqueue(ctx, "late", nil, backlog.DependsOn(a))
+	require.NoError(t, err)
+	info := e.waitJob(b, 10*time.Second, func(i *backlog.JobInfo) bool { return i.State.Terminal() })
+	require.NoError(t, info.Err())
+	require.JSONEq(t, `4`, string(info.Result))
+	// The same through the SQL enqueue().
+	c, err := e.sqlEnqueue(e.pool, `'late', depends_on => ARRAY[$1::uuid]`, a)
+	require.NoError(t, err)
+	info = e.waitJob(c, 10*time.Second, func(i *backlog.JobInfo) bool { return i.State.Terminal() })
+	require.NoError(t, info.Err())
+	require.JSONEq(t, `4`, string(info.Result))
+}
+
+// TestPrerequisiteResultsOutliveRetention: with a retention of a
+// millisecond, a prerequisite's row is retired and dropped from
+// job_history (as a partition drop would) while its dependent still
+// waits for another prerequisite; the dependent still reads the result.
+// The cleaner keeps the copy while a live job needs it, and removes it
+// once none does.
+func TestPrerequisiteResultsOutliveRetention(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithRetention(time.Millisecond, time.Millisecond))
+	ctx := context.Background()
+	gate := make(chan struct{})
+	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		switch job.Type {
+		case "ret.first":
+			return job.SetResult(stepA{N: 41})
+		case "ret.gate":
+			select {
+			case <-gate:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		r, err := backlog.PrerequisiteResultOfType[stepA](ctx, job, "ret.first")
+		if err != nil {
+			return backlog.Permanent(err)
+		}
+		return job.SetResult(r.N + 1)
+	})
+	stop := work(t, e.q, h, backlog.Types("ret.first", "ret.gate", "ret.dep"))
+	defer func() { require.NoError(t, stop()) }()
+	first, gated, dep := backlog.NewID(), backlog.NewID(), backlog.NewID()
+	_, err := e.q.EnqueueMany(ctx, []backlog.JobSpec{
+		{ID: first, Type: "ret.first"},
+		{ID: gated, Type: "ret.gate"},
+		{ID: dep, Type: "ret.dep", Options: []backlog.EnqueueOption{backlog.DependsOn(first, gated)}},
+	})
+	require.NoError(t, err)
+	// first completes and leaves the hot table; its history row expires at
+	// once. Its partition would be dropped the next UTC day: the test
+	// deletes the row, as the drop would.
+	e.waitCount(`id = '`+first.String()+`' AND expires_at IS NOT NULL`, 1, 20*time.Second)
+	_, err = e.pool.Exec(ctx, `DELETE FROM "`+e.schema+`".job_history WHERE id = $1`, first)
+	require.NoError(t, err)
+	// The cleaner, even long after the copy was made, keeps what a live job
+	// needs.
+	_, err = e.pool.Exec(ctx, `UPDATE "`+e.schema+`".job_inputs SET kept_at = now() - interval '1 day'`)
+	require.NoError(t, err)
+	_, err = e.q.Clean(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, e.countInputs())
+	close(gate)
+	info := e.waitJob(dep, 10*time.Second, func(i *backlog.JobInfo) bool { return i.State.Terminal() })
+	require.NoError(t, info.Err())
+	require.JSONEq(t, `42`, string(info.Result))
+
+	// No live job needs it any more: the cleaner removes it once it was
+	// last given out long enough ago.
+	_, err = e.q.Clean(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, e.countInputs(), "given out less than an hour ago")
+	_, err = e.pool.Exec(ctx, `UPDATE "`+e.schema+`".job_inputs SET kept_at = now() - interval '2 hours'`)
+	require.NoError(t, err)
+	r, err := e.q.Clean(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.Inputs)
+	require.Zero(t, e.countInputs())
+}
+
+func (e *env) countInputs() int {
+	e.t.Helper()
+	var n int
+	require.NoError(e.t, e.pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+e.schema+`".job_inputs`).Scan(&n))
+	return n
+}
+
+// TestNoPrerequisitesNoStatement: for a job without dependencies the
+// prerequisite calls read nothing; for one with dependencies, all of them
+// together read once.
+func TestNoPrerequisitesNoStatement(t *testing.T) {
+	t.Parallel()
+	e, tr := tracedEnv(t)
+	ctx := context.Background()
+	a, b := backlog.NewID(), backlog.NewID()
+	_, err := e.q.EnqueueMany(ctx, []backlog.JobSpec{
+		{ID: a, Type: "plain"},
+		{ID: b, Type: "child", Options: []backlog.EnqueueOption{backlog.DependsOn(a)}},
+	})
+	require.NoError(t, err)
+	reads := map[string]int{}
+	var mu sync.Mutex
+	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		m := tr.mark()
+		for range 3 {
+			if _, err := job.Prerequisites(ctx); err != nil {
+				return err
+			}
+			if job.Type == "child" {
+				if _, err := backlog.PrerequisiteResult[json.RawMessage](ctx, job, a); err != nil {
+					return err
+				}
+			} else if _, err := backlog.PrerequisiteResult[json.RawMessage](ctx, job, a); !errors.Is(err, backlog.ErrNotFound) {
+				return backlog.Permanent(errors.New("want ErrNotFound"))
+			}
+		}
+		mu.Lock()
+		reads[job.Type] = len(tr.since(m, "job_inputs"))
+		mu.Unlock()
+		return job.SetResult(1)
+	})
+	stop := work(t, e.q, h, backlog.Types("plain", "child"))
+	defer func() { require.NoError(t, stop()) }()
+	e.waitState(b, 10*time.Second, backlog.StateCompleted)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, map[string]int{"plain": 0, "child": 1}, reads)
+}
+
+// TestProgress: a tight loop of SetProgress calls costs a handful of
+// statements; the value shows while the job runs and after it ended; bad
+// values are refused.
+func TestProgress(t *testing.T) {
+	t.Parallel()
+	e, tr := tracedEnv(t)
+	ctx := context.Background()
+	id, err := e.q.Enqueue(ctx, "prog", nil)
+	require.NoError(t, err)
+	shown, looped := make(chan struct{}), make(chan struct{})
+	var loopWrites, loopAll atomic.Int32
+	var loopTook atomic.Int64
+	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		var bad *backlog.InputError
+		if err := job.SetProgress(ctx, make(chan int)); !errors.As(err, &bad) || bad.Field != "progress" {
+			return backlog.Permanent(errors.New("a value that does not marshal must be refused"))
+		}
+		if err := job.SetProgress(ctx, strings.Repeat("x", backlog.MaxProgressBytes)); !errors.Is(err, backlog.ErrInvalid) {
+			return backlog.Permanent(errors.New("a value too large must be refused"))
+		}
+		if err := job.SetProgress(ctx, "a\u0000b"); !errors.Is(err, backlog.ErrInvalid) {
+			return backlog.Permanent(errors.New("a NUL must be refused"))
+		}
+		if err := job.SetProgress(ctx, json.RawMessage(`{`)); !errors.Is(err, backlog.ErrInvalid) {
+			return backlog.Permanent(errors.New("invalid JSON must be refused"))
+		}
+		m, began := tr.mark(), time.Now()
+		for i := range 100_000 {
+			if err := job.SetProgress(ctx, map[string]int{"done": i + 1, "of": 100_000}); err != nil {
+				return err
+			}
+		}
+		loopTook.Store(int64(time.Since(began)))
+		loopWrites.Store(int32(len(tr.since(m, "progress = COALESCE(t.progress"))))
+		loopAll.Store(int32(len(tr.since(m, "lease_expires_at = now() +"))))
+		close(looped)
+		select {
+		case <-shown:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return job.SetProgress(ctx, map[string]any{"done": "all"})
+	})
+	stop := work(t, e.q, h, backlog.Types("prog"))
+	defer func() { require.NoError(t, stop()) }()
+	<-looped
+	// Written by a renewal while the handler waits.
+	e.waitJob(id, 10*time.Second, func(i *backlog.JobInfo) bool {
+		return i.Progress != nil && string(i.Progress) == `{"of": 100000, "done": 100000}`
+	})
+	m := tr.mark()
+	close(shown)
+	info := e.waitState(id, 10*time.Second, backlog.StateCompleted)
+	require.JSONEq(t, `{"done": "all"}`, string(info.Progress), "the last value, written with the finish")
+	// At most one renewal a second while the value changes (plus the
+	// regular ones: a third of the default lease), whatever the number of
+	// calls. The loop takes a fraction of a second, more under -race on a
+	// busy machine.
+	took := time.Duration(loopTook.Load())
+	most := int32(2 + took/time.Second)
+	t.Logf("100,000 calls took %s: %d renewals, %d with progress", took, loopAll.Load(), loopWrites.Load())
+	require.LessOrEqual(t, loopWrites.Load(), most, "statements writing progress during 100,000 calls")
+	require.LessOrEqual(t, loopAll.Load(), most, "lease renewals during 100,000 calls")
+	require.Empty(t, tr.since(m, "progress = COALESCE(t.progress"), "the last value costs no renewal of its own")
+
+	// In job_history, and in List.
+	res, err := e.q.List(ctx, backlog.Filter{IDs: []uuid.UUID{id}}, backlog.ListOptions{})
+	require.NoError(t, err)
+	require.Len(t, res.Jobs, 1)
+	require.JSONEq(t, `{"done": "all"}`, string(res.Jobs[0].Progress))
+	require.Equal(t, 1, e.count(`id = $1 AND progress IS NOT NULL AND expires_at IS NOT NULL`, id))
+}
+
+// TestProgressStaleWorker: once another worker holds the job, the old
+// holder's progress is not written, and SetProgress refuses once the loss
+// is known.
+func TestProgressStaleWorker(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithLease(1500*time.Millisecond))
+	ctx := context.Background()
+	id, err := e.q.Enqueue(ctx, "stale", nil, backlog.MaxAttempts(1))
+	require.NoError(t, err)
+	stolen := make(chan struct{})
+	refused := make(chan error, 1)
+	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		if err := job.SetProgress(ctx, "mine"); err != nil {
+			return err
+		}
+		<-stolen
+		if err := job.SetProgress(ctx, "stale"); err != nil { // not known lost yet: accepted here, fenced there
+			return err
+		}
+		<-ctx.Done()
+		refused <- job.SetProgress(ctx, "later")
+		return ctx.Err()
+	})
+	stop := work(t, e.q, h, backlog.Types("stale"))
+	defer func() { require.NoError(t, stop()) }()
+	e.waitJob(id, 10*time.Second, func(i *backlog.JobInfo) bool { return string(i.Progress) == `"mine"` })
+	// Another worker's lease.
+	_, err = e.pool.Exec(ctx, `UPDATE "`+e.schema+`".jobs SET lease_token = gen_random_uuid() WHERE id = $1`, id)
+	require.NoError(t, err)
+	close(stolen)
+	select {
+	case err := <-refused:
+		require.ErrorIs(t, err, backlog.ErrLeaseLost)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler was not told that its lease was lost")
+	}
+	info, err := e.q.Job(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, `"mine"`, string(info.Progress))
+	require.Equal(t, backlog.StateRunning, info.State)
+}
+
+// TestRetriedDependentKeepsPrerequisites: a dependent that failed, moved
+// to job_history and was retried by hand still gets its prerequisites.
+func TestRetriedDependentKeepsPrerequisites(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	var runs atomic.Int32
+	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		if job.Type == "rt.first" {
+			return job.SetResult(stepA{N: 5})
+		}
+		r, err := backlog.PrerequisiteResultOfType[stepA](ctx, job, "rt.first")
+		if err != nil {
+			return backlog.Permanent(err)
+		}
+		if runs.Add(1) == 1 {
+			return backlog.Permanent(errors.New("fails until retried by hand"))
+		}
+		return job.SetResult(r.N * 2)
+	})
+	stop := work(t, e.q, h, backlog.Types("rt.first", "rt.dep"))
+	defer func() { require.NoError(t, stop()) }()
+	first, dep := backlog.NewID(), backlog.NewID()
+	_, err := e.q.EnqueueMany(ctx, []backlog.JobSpec{
+		{ID: first, Type: "rt.first"},
+		{ID: dep, Type: "rt.dep", Options: []backlog.EnqueueOption{backlog.DependsOn(first), backlog.MaxAttempts(1)}},
+	})
+	require.NoError(t, err)
+	e.waitCount(`id = '`+dep.String()+`' AND state = 'failed' AND expires_at IS NOT NULL`, 1, 10*time.Second)
+	_, err = e.q.Retry(ctx, dep)
+	require.NoError(t, err)
+	info := e.waitState(dep, 10*time.Second, backlog.StateCompleted)
+	require.JSONEq(t, `10`, string(info.Result))
+}

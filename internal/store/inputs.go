@@ -1,0 +1,124 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Results down a DAG (migration 0012). A job's dependency edges are
+// consumed when its prerequisites end, so a dependent records the
+// prerequisites that completed in its prereqs column, and their results
+// are copied aside into job_inputs: the release of the edges does both
+// (graph.go), and so does the enqueue of a job whose prerequisite had
+// already completed (recordInputs). A handler reads them from job_inputs
+// (Inputs), one statement for all of a job's prerequisites, whatever the
+// retention of finished jobs: the cleaner deletes a job_inputs row only
+// when no live job lists it (CleanInputs).
+
+type inputsSQL struct {
+	read, record, clean string
+}
+
+// InputsKeep is how long the cleaner keeps a prerequisite's result after
+// the last dependent was given it, even when no live job lists it any
+// more: longer than any transaction that gives it to a new dependent may
+// reasonably stay open (that transaction's dependent is invisible to the
+// cleaner until it commits).
+const InputsKeep = time.Hour
+
+func (s *Store) buildInputs() {
+	in := &s.in
+	// The kept result, or else the prerequisite's own row (a prerequisite
+	// listed by a job that was not given it through a release or enqueue
+	// of this version).
+	cols := `id, type, state, result`
+	in.read = `SELECT x.id, COALESCE(k.type, a.type, ''), COALESCE(CASE WHEN k.id IS NOT NULL THEN 'completed' END, a.state, ''),
+       COALESCE(k.result, a.result)
+FROM unnest($1::uuid[]) WITH ORDINALITY AS x(id, i)
+LEFT JOIN ` + s.inputs + ` k ON k.id = x.id
+LEFT JOIN LATERAL (
+	SELECT ` + cols + ` FROM ` + s.jobs + ` WHERE id = x.id AND k.id IS NULL
+	UNION ALL
+	SELECT ` + cols + ` FROM ` + s.history + ` WHERE id = x.id AND k.id IS NULL
+	LIMIT 1) a ON true
+ORDER BY x.i`
+	// Jobs enqueued with prerequisites that had already completed: the
+	// jobs list them, and their results are kept. The prerequisites are
+	// locked (KEY SHARE, or finished and in job_history) by the caller.
+	in.record = `WITH kept AS (
+	INSERT INTO ` + s.inputs + ` AS k (id, type, result)
+	SELECT p.id, p.type, p.result FROM (
+		SELECT id, type, result FROM ` + s.jobs + ` WHERE id = ANY($2::uuid[]) AND state = 'completed'
+		UNION ALL
+		SELECT id, type, result FROM ` + s.history + ` WHERE id = ANY($2::uuid[]) AND state = 'completed') p
+	ORDER BY p.id
+	ON CONFLICT (id) DO UPDATE SET kept_at = now()
+), upd AS (
+	UPDATE ` + s.jobs + ` j SET prereqs = COALESCE(j.prereqs, '{}') || x.done
+	FROM (SELECT u.job, array_agg(u.prereq ORDER BY u.prereq) AS done FROM unnest($1::uuid[], $2::uuid[]) AS u(job, prereq)
+	      GROUP BY u.job) x
+	WHERE j.id = x.job
+	RETURNING j.id
+)
+SELECT count(*) FROM upd`
+	// Kept results no live job lists, last given out more than InputsKeep
+	// ago. The row lock of a concurrent writer makes the delete skip the
+	// row; one committed since this statement's snapshot fails the
+	// recheck of kept_at.
+	in.clean = `WITH d AS (
+	SELECT k.id FROM ` + s.inputs + ` k
+	WHERE k.kept_at < now() - $1::bigint * interval '1 millisecond'
+	  AND NOT EXISTS (SELECT 1 FROM ` + s.jobs + ` j WHERE j.prereqs @> ARRAY[k.id] AND j.prereqs IS NOT NULL
+	                  AND j.state IN ` + live + `)
+	LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+DELETE FROM ` + s.inputs + ` k USING d WHERE k.id = d.id`
+}
+
+// Input is one prerequisite of a job as Inputs reads it.
+type Input struct {
+	ID     uuid.UUID
+	Type   string // "" when the prerequisite is unknown (its row is gone)
+	State  string // "" when unknown
+	Result json.RawMessage
+}
+
+// Inputs reads the given prerequisites' types, states and results, in one
+// statement, in the order given.
+func (s *Store) Inputs(ctx context.Context, ids []uuid.UUID) ([]Input, error) {
+	rows, err := s.pool.Query(ctx, s.in.read, Mode, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Input, 0, len(ids))
+	var in Input
+	var id [16]byte
+	_, err = pgx.ForEachRow(rows, []any{&id, &in.Type, &in.State, &in.Result}, func() error {
+		in.ID = id
+		out = append(out, in)
+		in = Input{}
+		return nil
+	})
+	return out, err
+}
+
+// recordInputs lists, for each pair (jobs[i], prereqs[i]), the completed
+// prerequisite in the job's prereqs and keeps its result, inside tx.
+func (s *Store) recordInputs(ctx context.Context, tx DB, jobs, prereqs []uuid.UUID) error {
+	var n int64
+	return tx.QueryRow(ctx, s.in.record, Mode, jobs, prereqs).Scan(&n)
+}
+
+// CleanInputs deletes up to limit kept results that no live job needs,
+// and returns how many.
+func (s *Store) CleanInputs(ctx context.Context, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, s.in.clean, Mode, InputsKeep.Milliseconds(), limit)
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
+}
