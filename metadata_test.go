@@ -252,28 +252,42 @@ func TestMetadataOldClaims(t *testing.T) {
 // of a schema migrated to 0010.
 func TestMigration11DownRestoresVersion10(t *testing.T) {
 	t.Parallel()
+	migrationDownRestores(t, 11)
+}
+
+// TestMigration12DownRestoresVersion11: the same for 0012 (results down a
+// DAG and progress) over 0011 (metadata): claim_jobs, finish(), retire()
+// and all_jobs return to their version 11 definitions.
+func TestMigration12DownRestoresVersion11(t *testing.T) {
+	t.Parallel()
+	migrationDownRestores(t, 12)
+}
+
+// migrationDownRestores checks that a schema migrated up to version and
+// one step down has the catalog of a schema migrated to version-1.
+func migrationDownRestores(t *testing.T, version int64) {
 	ctx := context.Background()
 	pool := testdb.Pool(t)
 	ms, err := migrate.Load(migrations.FS)
 	require.NoError(t, err)
 	upTo := 0
 	for i, m := range ms {
-		if m.Version <= 10 {
+		if m.Version < version {
 			upTo = i + 1
 		}
 	}
-	require.Equal(t, int64(11), ms[upTo].Version)
+	require.Equal(t, version, ms[upTo].Version)
 
-	ten := testdb.Schema(t)
-	_, err = migrate.Up(ctx, pool, ten, ms[:upTo])
+	prev := testdb.Schema(t)
+	_, err = migrate.Up(ctx, pool, prev, ms[:upTo])
 	require.NoError(t, err)
 	down := testdb.Schema(t)
 	_, err = migrate.Up(ctx, pool, down, ms[:upTo+1])
 	require.NoError(t, err)
 	done, err := migrate.Down(ctx, pool, down, ms[:upTo+1], 1)
 	require.NoError(t, err)
-	require.Equal(t, []int64{11}, done)
-	require.Equal(t, catalog(t, ten), catalog(t, down))
+	require.Equal(t, []int64{version}, done)
+	require.Equal(t, catalog(t, prev), catalog(t, down))
 }
 
 // catalog describes a schema: its functions (definitions), the columns of

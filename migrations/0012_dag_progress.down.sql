@@ -1,5 +1,6 @@
--- Back to version 11 (the functions of version 9): claim(), finish(),
--- retire() and all_jobs without prerequisites or progress.
+-- Back to version 11: claim_jobs(), claim(), finish(), retire() and
+-- all_jobs of version 11 (without prerequisites or progress), enqueue() of
+-- version 10.
 DROP FUNCTION IF EXISTS claim_jobs(text[], jsonb, integer, integer, bigint, text);
 DROP FUNCTION IF EXISTS finish(uuid[], uuid[], text[], bigint[], integer[], jsonb[], text[], uuid[], text, bigint, bigint, integer, jsonb[]);
 DROP VIEW all_jobs;
@@ -14,10 +15,14 @@ CREATE VIEW all_jobs AS
            concurrency_key
     FROM job_history;
 
-CREATE OR REPLACE FUNCTION claim(p_types text[], p_tags jsonb, p_k integer, p_now integer, p_lease_ms bigint, p_worker text)
+-- The claim of version 9, returning each job's metadata too (a column
+-- added to a function's result needs a function of its own: processes of
+-- version 9 and 10 call claim() below and read its 16 columns).
+CREATE FUNCTION claim_jobs(p_types text[], p_tags jsonb, p_k integer, p_now integer, p_lease_ms bigint, p_worker text)
 RETURNS TABLE (id uuid, type text, args jsonb, tags jsonb, attempt integer, max_attempts integer,
                priority smallint, timeout_ms bigint, lease_token uuid, created_at timestamptz,
-               run_at timestamptz, waited_us bigint, next_ms bigint, skipped boolean, limited smallint, slot boolean)
+               run_at timestamptz, waited_us bigint, next_ms bigint, skipped boolean, limited smallint, slot boolean,
+               meta jsonb)
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
@@ -41,7 +46,7 @@ BEGIN
         IF cardinality(p_types) = 0 THEN
             RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::jsonb, NULL::jsonb, NULL::integer, NULL::integer,
                 NULL::smallint, NULL::bigint, NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::bigint,
-                NULL::bigint, false, 0::smallint, false;
+                NULL::bigint, false, 0::smallint, false, NULL::jsonb;
             RETURN;
         END IF;
     END IF;
@@ -98,7 +103,7 @@ BEGIN
     IF v_ids IS NULL THEN
         RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::jsonb, NULL::jsonb, NULL::integer, NULL::integer,
             NULL::smallint, NULL::bigint, NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::bigint,
-            v_next, v_skipped, v_limited, false;
+            v_next, v_skipped, v_limited, false, NULL::jsonb;
         RETURN;
     END IF;
     RETURN QUERY
@@ -107,9 +112,26 @@ BEGIN
     WHERE j.id = ANY(v_ids)
     RETURNING j.id, j.type, j.args, j.tags, j.attempt, j.max_attempts, j.priority, j.timeout_ms, j.lease_token,
               j.created_at, j.run_at, greatest(0, extract(epoch FROM now() - j.run_at) * 1e6)::bigint, v_next, v_skipped,
-              v_limited, j.type = ANY(v_slots);
+              v_limited, j.type = ANY(v_slots), j.meta;
 END
 $$;
+
+-- The claim of versions 9 and 10, for processes of those versions while a
+-- rolling upgrade runs: the claim above, without the metadata.
+CREATE OR REPLACE FUNCTION claim(p_types text[], p_tags jsonb, p_k integer, p_now integer, p_lease_ms bigint, p_worker text)
+RETURNS TABLE (id uuid, type text, args jsonb, tags jsonb, attempt integer, max_attempts integer,
+               priority smallint, timeout_ms bigint, lease_token uuid, created_at timestamptz,
+               run_at timestamptz, waited_us bigint, next_ms bigint, skipped boolean, limited smallint, slot boolean)
+LANGUAGE sql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    SELECT c.id, c.type, c.args, c.tags, c.attempt, c.max_attempts, c.priority, c.timeout_ms, c.lease_token,
+           c.created_at, c.run_at, c.waited_us, c.next_ms, c.skipped, c.limited, c.slot
+    FROM claim_jobs(p_types, p_tags, p_k, p_now, p_lease_ms, p_worker) c
+$$;
+
+-- Finished jobs keep their metadata: finish() and retire() of version 9,
+-- with the column.
 
 CREATE OR REPLACE FUNCTION retire(p_limit integer, p_keep_completed_ms bigint, p_keep_failed_ms bigint) RETURNS integer
 LANGUAGE sql VOLATILE
@@ -125,13 +147,13 @@ AS $$
     ), h AS (
         INSERT INTO job_history (id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
                                  worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
-                                 finished_at, expires_at, concurrency_key)
+                                 finished_at, expires_at, concurrency_key, meta)
         SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
                worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
                COALESCE(finished_at, now()),
                COALESCE(finished_at, now()) + CASE WHEN state = 'completed' THEN p_keep_completed_ms ELSE p_keep_failed_ms END
                    * interval '1 millisecond',
-               concurrency_key
+               concurrency_key, meta
         FROM m RETURNING type, state, run_at, started_at, finished_at
     ), c AS (
         -- In type and state order, like finish(): no two writers lock
@@ -186,7 +208,7 @@ BEGIN
     ), hist AS (
         INSERT INTO job_history (id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
                                  worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
-                                 finished_at, expires_at, concurrency_key)
+                                 finished_at, expires_at, concurrency_key, meta)
         SELECT m.id, m.type, m.args, m.tags, CASE WHEN m.fstate = 'available' THEN 'cancelled' ELSE m.fstate END,
                m.priority, m.run_at, m.attempt + m.attempt_delta, m.max_attempts, m.timeout_ms,
                m.worker, m.ordering_key, m.unique_key, m.fresult,
@@ -199,7 +221,7 @@ BEGIN
                m.created_at, m.started_at, now(),
                now() + CASE WHEN m.fstate = 'completed' THEN p_keep_completed_ms ELSE p_keep_failed_ms END
                    * interval '1 millisecond',
-               m.concurrency_key
+               m.concurrency_key, m.meta
         FROM moved m
         RETURNING job_history.id, job_history.state, job_history.type, job_history.run_at, job_history.started_at
     ), cnt AS (

@@ -32,15 +32,21 @@ CREATE TABLE job_inputs (
 ALTER TABLE jobs ADD COLUMN progress jsonb;
 ALTER TABLE job_history ADD COLUMN progress jsonb, ADD COLUMN prereqs uuid[];
 
--- The claim of version 9, returning each job's prerequisites as well
--- (prereqs; NULL when it has none). The only changes: the name, the
--- prereqs column in RETURNS TABLE, NULL::uuid[] in the two early
--- returns, and j.prereqs in the final RETURNING.
+-- claim_jobs of version 11 (the claim of version 9 with the metadata),
+-- returning each job's prerequisites as well (prereqs, the last column;
+-- NULL when it has none). A function's result columns cannot be changed
+-- in place: it is dropped and created again. The only changes: the
+-- prereqs column in RETURNS TABLE, NULL::uuid[] in the two early returns,
+-- and j.prereqs in the final RETURNING. claim() below, which processes of
+-- versions 9 and 10 call, is created again after it. Processes of version
+-- 11 read 17 columns of claim_jobs: versions 11 and 12 do not run side by
+-- side (both migrations ship in one release).
+DROP FUNCTION claim_jobs(text[], jsonb, integer, integer, bigint, text);
 CREATE FUNCTION claim_jobs(p_types text[], p_tags jsonb, p_k integer, p_now integer, p_lease_ms bigint, p_worker text)
 RETURNS TABLE (id uuid, type text, args jsonb, tags jsonb, attempt integer, max_attempts integer,
                priority smallint, timeout_ms bigint, lease_token uuid, created_at timestamptz,
                run_at timestamptz, waited_us bigint, next_ms bigint, skipped boolean, limited smallint, slot boolean,
-               prereqs uuid[])
+               meta jsonb, prereqs uuid[])
 LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 SET enable_seqscan = off
@@ -64,7 +70,7 @@ BEGIN
         IF cardinality(p_types) = 0 THEN
             RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::jsonb, NULL::jsonb, NULL::integer, NULL::integer,
                 NULL::smallint, NULL::bigint, NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::bigint,
-                NULL::bigint, false, 0::smallint, false, NULL::uuid[];
+                NULL::bigint, false, 0::smallint, false, NULL::jsonb, NULL::uuid[];
             RETURN;
         END IF;
     END IF;
@@ -121,7 +127,7 @@ BEGIN
     IF v_ids IS NULL THEN
         RETURN QUERY SELECT NULL::uuid, NULL::text, NULL::jsonb, NULL::jsonb, NULL::integer, NULL::integer,
             NULL::smallint, NULL::bigint, NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::bigint,
-            v_next, v_skipped, v_limited, false, NULL::uuid[];
+            v_next, v_skipped, v_limited, false, NULL::jsonb, NULL::uuid[];
         RETURN;
     END IF;
     RETURN QUERY
@@ -130,12 +136,14 @@ BEGIN
     WHERE j.id = ANY(v_ids)
     RETURNING j.id, j.type, j.args, j.tags, j.attempt, j.max_attempts, j.priority, j.timeout_ms, j.lease_token,
               j.created_at, j.run_at, greatest(0, extract(epoch FROM now() - j.run_at) * 1e6)::bigint, v_next, v_skipped,
-              v_limited, j.type = ANY(v_slots), j.prereqs;
+              v_limited, j.type = ANY(v_slots), j.meta, j.prereqs;
 END
 $$;
 
--- The claim of version 9, for processes of that version while a rolling
--- upgrade runs: claim_jobs without the prerequisites.
+-- The claim of versions 9 and 10, for processes of those versions while a
+-- rolling upgrade runs: claim_jobs without the metadata and the
+-- prerequisites (version 11's definition, created again on the new
+-- claim_jobs; the claim with 5 arguments delegates to it).
 CREATE OR REPLACE FUNCTION claim(p_types text[], p_tags jsonb, p_k integer, p_now integer, p_lease_ms bigint, p_worker text)
 RETURNS TABLE (id uuid, type text, args jsonb, tags jsonb, attempt integer, max_attempts integer,
                priority smallint, timeout_ms bigint, lease_token uuid, created_at timestamptz,
@@ -151,16 +159,16 @@ $$;
 CREATE OR REPLACE VIEW all_jobs AS
     SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms, worker,
            ordering_key, unique_key, result, last_error, errors, created_at, started_at, finished_at,
-           NULL::timestamptz AS expires_at, concurrency_key, progress
+           NULL::timestamptz AS expires_at, concurrency_key, meta, progress
     FROM jobs
     UNION ALL
     SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms, worker,
            ordering_key, unique_key, result, last_error, errors, created_at, started_at, finished_at, expires_at,
-           concurrency_key, progress
+           concurrency_key, meta, progress
     FROM job_history;
 
--- finish() and retire() of version 9, carrying progress and prereqs into
--- job_history.
+-- finish() and retire() of version 11 (which carry the metadata into
+-- job_history), carrying progress and prereqs too.
 
 CREATE OR REPLACE FUNCTION retire(p_limit integer, p_keep_completed_ms bigint, p_keep_failed_ms bigint) RETURNS integer
 LANGUAGE sql VOLATILE
@@ -176,13 +184,13 @@ AS $$
     ), h AS (
         INSERT INTO job_history (id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
                                  worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
-                                 finished_at, expires_at, concurrency_key, progress, prereqs)
+                                 finished_at, expires_at, concurrency_key, meta, progress, prereqs)
         SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
                worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
                COALESCE(finished_at, now()),
                COALESCE(finished_at, now()) + CASE WHEN state = 'completed' THEN p_keep_completed_ms ELSE p_keep_failed_ms END
                    * interval '1 millisecond',
-               concurrency_key, progress, prereqs
+               concurrency_key, meta, progress, prereqs
         FROM m RETURNING type, state, run_at, started_at, finished_at
     ), c AS (
         -- In type and state order, like finish(): no two writers lock
@@ -198,7 +206,7 @@ AS $$
     SELECT count(*)::integer FROM h
 $$;
 
--- finish() of version 9 with p_progress: each job's latest progress (NULL:
+-- finish() of version 11 with p_progress: each job's latest progress (NULL:
 -- unchanged), written with its outcome.
 CREATE FUNCTION finish(p_ids uuid[], p_tokens uuid[], p_states text[], p_delay_ms bigint[], p_attempt_delta integer[],
                        p_results jsonb[], p_errs text[], p_exclude uuid[], p_channel text, p_keep_completed_ms bigint,
@@ -239,7 +247,7 @@ BEGIN
     ), hist AS (
         INSERT INTO job_history (id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
                                  worker, ordering_key, unique_key, result, last_error, errors, created_at, started_at,
-                                 finished_at, expires_at, concurrency_key, progress, prereqs)
+                                 finished_at, expires_at, concurrency_key, meta, progress, prereqs)
         SELECT m.id, m.type, m.args, m.tags, CASE WHEN m.fstate = 'available' THEN 'cancelled' ELSE m.fstate END,
                m.priority, m.run_at, m.attempt + m.attempt_delta, m.max_attempts, m.timeout_ms,
                m.worker, m.ordering_key, m.unique_key, m.fresult,
@@ -252,7 +260,7 @@ BEGIN
                m.created_at, m.started_at, now(),
                now() + CASE WHEN m.fstate = 'completed' THEN p_keep_completed_ms ELSE p_keep_failed_ms END
                    * interval '1 millisecond',
-               m.concurrency_key, COALESCE(m.fprogress, m.progress), m.prereqs
+               m.concurrency_key, m.meta, COALESCE(m.fprogress, m.progress), m.prereqs
         FROM moved m
         RETURNING job_history.id, job_history.state, job_history.type, job_history.run_at, job_history.started_at
     ), cnt AS (
@@ -307,8 +315,8 @@ BEGIN
 END
 $$;
 
--- finish() of version 9, for processes of that version while a rolling
--- upgrade runs: the finish above, progress unchanged.
+-- finish() of versions 9 to 11, for processes of those versions while a
+-- rolling upgrade runs: the finish above, progress unchanged.
 CREATE OR REPLACE FUNCTION finish(p_ids uuid[], p_tokens uuid[], p_states text[], p_delay_ms bigint[], p_attempt_delta integer[],
                        p_results jsonb[], p_errs text[], p_exclude uuid[], p_channel text, p_keep_completed_ms bigint,
                        p_keep_failed_ms bigint, p_max_errors integer)
