@@ -380,3 +380,46 @@ func TestDrainUntilIdleFailures(tt *testing.T) {
 	s := backlogtest.DrainUntilIdle(ctx, tt, q, ok, &backlogtest.DrainOptions{Work: []backlog.WorkOption{backlog.Types("held")}})
 	require.Equal(tt, 1, s.Count(backlog.OutcomeCompleted))
 }
+
+// TestWorkDAGMetadataProgress: Work claims through the Queue's claimer, so
+// a dependent run inline gets its prerequisites' results (migration 0012)
+// and its metadata (0011), and its progress is written with the outcome.
+func TestWorkDAGMetadataProgress(tt *testing.T) {
+	ctx := context.Background()
+	q := newQ(tt)
+	type page struct {
+		Words int `json:"words"`
+	}
+	fetch, err := q.Enqueue(ctx, "fetch", nil)
+	require.NoError(tt, err)
+	count, err := q.Enqueue(ctx, "count", nil, backlog.DependsOn(fetch), backlog.Metadata(map[string]string{"trace": "t1"}))
+	require.NoError(tt, err)
+
+	r := backlogtest.Work(ctx, tt, q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		if err := job.SetProgress(ctx, "half"); err != nil {
+			return err
+		}
+		return job.SetResult(page{Words: 3})
+	}), fetch)
+	require.Equal(tt, backlog.OutcomeCompleted, r.Outcome, "%v", r.Err)
+	require.JSONEq(tt, `"half"`, string(r.Info.Progress))
+
+	var got page
+	r = backlogtest.Work(ctx, tt, q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		if job.Metadata["trace"] != "t1" {
+			return backlog.Permanent(fmt.Errorf("metadata %v", job.Metadata))
+		}
+		if ids := job.PrerequisiteIDs(); len(ids) != 1 || ids[0] != fetch {
+			return backlog.Permanent(fmt.Errorf("prerequisites %v", ids))
+		}
+		got, err = backlog.PrerequisiteResultOfType[page](ctx, job, "fetch")
+		if err != nil {
+			return err
+		}
+		return job.SetProgress(ctx, map[string]int{"done": 3})
+	}), count)
+	require.Equal(tt, backlog.OutcomeCompleted, r.Outcome, "%v", r.Err)
+	require.Equal(tt, page{Words: 3}, got)
+	require.Equal(tt, map[string]string{"trace": "t1"}, r.Info.Metadata)
+	require.JSONEq(tt, `{"done": 3}`, string(r.Info.Progress))
+}

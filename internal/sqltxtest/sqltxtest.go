@@ -104,6 +104,7 @@ func Run(t *testing.T, begin Begin) {
 		{"IDTakenMeanwhile", testIDTakenMeanwhile},
 		{"UniqueKeyDuplicate", testUniqueDuplicate},
 		{"Graph", testGraph},
+		{"CompletedPrerequisite", testCompletedPrerequisite},
 		{"Many", testMany},
 	}
 	for _, tc := range tests {
@@ -384,6 +385,67 @@ func testUniqueDuplicate(e *env) {
 	require.NoError(e.t, tx.Commit(e.ctx()))
 	require.Equal(e.t, 1, e.count(`unique_key = 'u:1'`))
 	require.Equal(e.t, 1, e.count(`unique_key = 'u:2'`))
+}
+
+// testCompletedPrerequisite: a job enqueued in the caller's transaction
+// with a prerequisite that had already completed lists it and reads its
+// result (migration 0012's recordInputs runs on that transaction too),
+// and keeps its metadata (0011); its progress is recorded.
+func testCompletedPrerequisite(e *env) {
+	q := e.queue()
+	type page struct {
+		Words int `json:"words"`
+	}
+	p, err := q.Enqueue(e.ctx(), "sqltx.fetch", nil)
+	require.NoError(e.t, err)
+	got := make(chan page, 1)
+	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		if job.Type == "sqltx.fetch" {
+			return job.SetResult(page{Words: 7})
+		}
+		if !slices.Equal(job.PrerequisiteIDs(), []uuid.UUID{p}) {
+			return backlog.Permanent(fmt.Errorf("prerequisites %v, want [%s]", job.PrerequisiteIDs(), p))
+		}
+		if job.Metadata["m"] != "v" {
+			return backlog.Permanent(fmt.Errorf("metadata %v", job.Metadata))
+		}
+		r, err := backlog.PrerequisiteResult[page](ctx, job, p)
+		if err != nil {
+			return err
+		}
+		if err := job.SetProgress(ctx, map[string]int{"done": 1}); err != nil {
+			return err
+		}
+		got <- r
+		return nil
+	})
+	stop := worktest.Run(e.t, func(ctx context.Context) error {
+		return q.Work(ctx, h, backlog.Types("sqltx.fetch", "sqltx.count"))
+	})
+	require.Eventually(e.t, func() bool {
+		info, err := q.Job(e.ctx(), p)
+		return err == nil && info.State == backlog.StateCompleted
+	}, 30*time.Second, 10*time.Millisecond)
+
+	tx := e.tx()
+	d, err := q.EnqueueTx(e.ctx(), tx.Value, "sqltx.count", nil, backlog.DependsOn(p), backlog.Metadata(map[string]string{"m": "v"}))
+	require.NoError(e.t, err)
+	require.NoError(e.t, tx.Commit(e.ctx()))
+	select {
+	case r := <-got:
+		require.Equal(e.t, page{Words: 7}, r)
+	case <-time.After(30 * time.Second):
+		e.t.Fatal("the dependent did not run")
+	}
+	require.Eventually(e.t, func() bool {
+		info, err := q.Job(e.ctx(), d)
+		return err == nil && info.State == backlog.StateCompleted
+	}, 30*time.Second, 10*time.Millisecond)
+	require.NoError(e.t, stop())
+	info, err := q.Job(e.ctx(), d)
+	require.NoError(e.t, err)
+	require.Equal(e.t, map[string]string{"m": "v"}, info.Metadata)
+	require.JSONEq(e.t, `{"done": 1}`, string(info.Progress))
 }
 
 // testGraph: a small DAG and an ordering chain enqueued in one
