@@ -56,7 +56,8 @@ soak:
 # Measurements (not tests): a periodic tick, a cleaner pass, Stats and Job
 # with 1M finished jobs; enqueue throughput with and without NOTIFY; a
 # burn-down of 100k jobs (CPU and allocations per job); pickup latency at
-# 1,000 jobs/s (BACKLOG_LATENCY_RATE=100 for another rate); the dashboard's
+# 1,000 jobs/s (BACKLOG_LATENCY_RATE=100 for another rate) and where it goes
+# (commit → claim statement → handler, TestMeasurePickupStages); the dashboard's
 # page times with 1M finished jobs (backlogui).
 measure:
 	BACKLOG_MEASURE=1 scripts/with-db.sh $(GO) test -count=1 -run 'TestMeasure' -v . | grep -E 'measure_test|ok|FAIL'

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -537,4 +538,142 @@ func TestMeasureOperator(t *testing.T) {
 	t.Logf("RetryWhere of %d failed jobs (of %d finished): %s; meanwhile workers completed %d other jobs (%.0f/s)",
 		n, rows, took.Round(time.Millisecond), during, float64(during)/took.Seconds())
 	require.Equal(t, failed, n)
+}
+
+// TestMeasurePickupStages traces where pickup latency goes: for every job
+// (5 s at 1,000 jobs/s from 4 producers, producer and workers in one
+// process, as TestMeasurePickupLatency) it splits the time from the
+// insert's commit to the handler's start at the claim's start (the
+// database's started_at, the claim statement's now()), and counts the
+// claim statements and their durations. Only with BACKLOG_MEASURE=1;
+// BACKLOG_LATENCY_RATE sets the rate.
+func TestMeasurePickupStages(t *testing.T) {
+	if os.Getenv("BACKLOG_MEASURE") == "" {
+		t.Skip("set BACKLOG_MEASURE=1 to run (make measure)")
+	}
+	rate := 1000
+	if r := os.Getenv("BACKLOG_LATENCY_RATE"); r != "" {
+		_, err := fmt.Sscan(r, &rate)
+		require.NoError(t, err)
+	}
+	n := rate * 5
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testdb.URL())
+	require.NoError(t, err)
+	claims := &stmtTimer{match: `claim_jobs"(`}
+	cfg.ConnConfig.Tracer = claims
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	schema := testdb.Schema(t)
+	q, err := New(ctx, pool, WithSchema(schema))
+	require.NoError(t, err)
+	defer q.Close()
+	require.NoError(t, q.Migrate(ctx))
+
+	var mu sync.Mutex
+	commits := make(map[uuid.UUID]time.Time, n)
+	starts := make(map[uuid.UUID]time.Time, n)
+	all := make(chan struct{})
+	h := HandlerFunc(func(_ context.Context, j *Job) error {
+		now := time.Now()
+		mu.Lock()
+		defer mu.Unlock()
+		starts[j.ID] = now
+		if len(starts) == n {
+			close(all)
+		}
+		return nil
+	})
+	wctx, stop := context.WithCancel(ctx)
+	werr := make(chan error, 1)
+	go func() { werr <- q.Work(wctx, h, Types("lat")) }()
+	interval := time.Second / time.Duration(rate)
+	t0 := time.Now().Add(500 * time.Millisecond) // Work's first claim parks the domain meanwhile
+	var wg sync.WaitGroup
+	for p := range 4 {
+		wg.Go(func() {
+			for i := p; i < n; i += 4 {
+				if d := time.Until(t0.Add(time.Duration(i) * interval)); d > 0 {
+					<-time.After(d) // pacing, not waiting for an event
+				}
+				id, err := q.Enqueue(ctx, "lat", map[string]int{"Seq": i})
+				at := time.Now()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				commits[id] = at
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case <-all:
+	case <-time.After(30 * time.Second):
+		t.Fatal("not every job started within 30 s")
+	}
+	stop()
+	require.NoError(t, <-werr)
+
+	rows, err := pool.Query(ctx, `SELECT id, started_at FROM `+pgx.Identifier{schema, "all_jobs"}.Sanitize())
+	require.NoError(t, err)
+	var toClaim, toHandler, total []time.Duration
+	for rows.Next() {
+		var id uuid.UUID
+		var claimed time.Time
+		require.NoError(t, rows.Scan(&id, &claimed))
+		c, ok := commits[id]
+		if !ok {
+			continue
+		}
+		toClaim = append(toClaim, claimed.Sub(c))
+		toHandler = append(toHandler, starts[id].Sub(claimed))
+		total = append(total, starts[id].Sub(c))
+	}
+	require.NoError(t, rows.Err())
+	pct := func(name string, v []time.Duration) {
+		sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+		p := func(q float64) time.Duration { return v[min(len(v)-1, int(q*float64(len(v))))] }
+		t.Logf("%-40s p50 %8s p90 %8s p99 %8s max %8s", name, p(0.5), p(0.9), p(0.99), v[len(v)-1])
+	}
+	t.Logf("pickup at %d/s, %d jobs; the database's clock and this process's are the same machine's", rate, len(total))
+	pct("commit → claim statement start", toClaim)
+	pct("claim statement start → handler start", toHandler)
+	pct("commit → handler start (pickup)", total)
+	d := claims.durations()
+	pct(fmt.Sprintf("claim statements (%d, %.2f per job)", len(d), float64(len(d))/float64(n)), d)
+}
+
+// stmtTimer is a pgx tracer that records the durations of the statements
+// whose text contains match.
+type stmtTimer struct {
+	match string
+	mu    sync.Mutex
+	d     []time.Duration
+}
+
+type stmtTimerKey struct{}
+
+func (s *stmtTimer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if !strings.Contains(d.SQL, s.match) {
+		return ctx
+	}
+	return context.WithValue(ctx, stmtTimerKey{}, time.Now())
+}
+
+func (s *stmtTimer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if at, ok := ctx.Value(stmtTimerKey{}).(time.Time); ok {
+		s.mu.Lock()
+		s.d = append(s.d, time.Since(at))
+		s.mu.Unlock()
+	}
+}
+
+func (s *stmtTimer) durations() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Duration(nil), s.d...)
 }
