@@ -470,3 +470,45 @@ func TestRetriedDependentKeepsPrerequisites(t *testing.T) {
 	info := e.waitState(dep, 10*time.Second, backlog.StateCompleted)
 	require.JSONEq(t, `10`, string(info.Result))
 }
+
+// TestCompletedPrerequisitesNeverBlockEnqueues: two open transactions each
+// give the results of two completed prerequisites to new dependents, in
+// opposite orders. Recording a kept result only ever inserts, so neither
+// waits for the other (an upsert of one row per prerequisite deadlocked
+// here).
+func TestCompletedPrerequisitesNeverBlockEnqueues(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	stop := work(t, e.q, backlog.HandlerFunc(func(_ context.Context, job *backlog.Job) error {
+		return job.SetResult(job.Type)
+	}), backlog.Types("p"))
+	p1, err := e.q.Enqueue(ctx, "p", nil)
+	require.NoError(t, err)
+	p2, err := e.q.Enqueue(ctx, "p", nil)
+	require.NoError(t, err)
+	e.waitState(p1, 10*time.Second, backlog.StateCompleted)
+	e.waitState(p2, 10*time.Second, backlog.StateCompleted)
+	require.NoError(t, stop())
+
+	a, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = a.Rollback(ctx) }()
+	b, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = b.Rollback(ctx) }()
+	enqueue := func(tx pgx.Tx, prereq uuid.UUID) {
+		t.Helper()
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := e.q.EnqueueTx(cctx, tx, "d", nil, backlog.DependsOn(prereq))
+		require.NoError(t, err, "an enqueue waited for another transaction's kept result")
+	}
+	enqueue(a, p1)
+	enqueue(b, p2)
+	enqueue(a, p2)
+	enqueue(b, p1)
+	require.NoError(t, a.Commit(ctx))
+	require.NoError(t, b.Commit(ctx))
+	require.Equal(t, 4, e.countLive("type = 'd' AND cardinality(prereqs) = 1"))
+}

@@ -16,14 +16,23 @@ CREATE INDEX jobs_prereqs_idx ON jobs USING gin (prereqs) WHERE prereqs IS NOT N
 -- for them, copied aside when their edges are consumed, so that they stay
 -- readable while a dependent is live whatever the retention and wherever
 -- the prerequisite's own row is (jobs, a job_history partition, or
--- dropped). kept_at: the last time a dependent was given it. The cleaner
--- deletes a row an hour after that once no live job lists it.
+-- dropped). finished_at: the prerequisite's (a prerequisite retried by
+-- hand and completed again gets a row of its own; readers take the
+-- latest). kept_at: when the row was written. Rows are only ever
+-- inserted, and there is no unique key, so writers never wait for each
+-- other: a writer adds a row unless one of the same completion written in
+-- the last 30 minutes is there (so a row a new dependent relies on is
+-- always less than 30 minutes old when it commits, however old the first
+-- copy). The cleaner deletes a row an hour after it was written once no
+-- live job lists its prerequisite.
 CREATE TABLE job_inputs (
-    id      uuid        PRIMARY KEY,
-    type    text        NOT NULL,
-    result  jsonb,
-    kept_at timestamptz NOT NULL DEFAULT now()
+    id          uuid        NOT NULL,
+    type        text        NOT NULL,
+    result      jsonb,
+    finished_at timestamptz,
+    kept_at     timestamptz NOT NULL DEFAULT now()
 );
+CREATE INDEX job_inputs_id_idx ON job_inputs (id, finished_at);
 
 -- Progress (Job.SetProgress): the latest small JSON value a running job
 -- reported, written with the lease renewals and the finish, and kept in
@@ -557,13 +566,13 @@ BEGIN
         IF v_inserted AND cardinality(v_done) > 0 THEN
             -- The job lists them, and their results are kept (the release
             -- that does it for the others will not come for these).
-            INSERT INTO job_inputs AS k (id, type, result)
-            SELECT p.id, p.type, p.result FROM (
-                SELECT j.id, j.type, j.result FROM jobs j WHERE j.id = ANY(v_done) AND j.state = 'completed'
+            INSERT INTO job_inputs (id, type, result, finished_at)
+            SELECT p.id, p.type, p.result, p.finished_at FROM (
+                SELECT j.id, j.type, j.result, j.finished_at FROM jobs j WHERE j.id = ANY(v_done) AND j.state = 'completed'
                 UNION ALL
-                SELECT h.id, h.type, h.result FROM job_history h WHERE h.id = ANY(v_done) AND h.state = 'completed') p
-            ORDER BY p.id
-            ON CONFLICT (id) DO UPDATE SET kept_at = now();
+                SELECT h.id, h.type, h.result, h.finished_at FROM job_history h WHERE h.id = ANY(v_done) AND h.state = 'completed') p
+            WHERE NOT EXISTS (SELECT 1 FROM job_inputs k WHERE k.id = p.id AND k.finished_at IS NOT DISTINCT FROM p.finished_at
+                              AND k.kept_at > now() - interval '30 minutes');
             UPDATE jobs j SET prereqs = ARRAY(SELECT DISTINCT d FROM unnest(v_done) AS d ORDER BY d) WHERE j.id = v_id;
         END IF;
     END IF;

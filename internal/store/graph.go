@@ -76,10 +76,10 @@ import (
 // # Kept results (migration 0012)
 //
 // A release, and an enqueue whose prerequisite had already completed,
-// upsert the prerequisite's row of job_inputs after they hold its job row
-// (FOR UPDATE, resp. KEY SHARE), in ID order. Two writers of one
-// job_inputs row are thus already ordered by the job row's lock; the
-// cleaner deletes job_inputs rows with SKIP LOCKED and takes no job lock.
+// only ever insert rows into job_inputs (no unique key, no update), so no
+// writer of job_inputs waits for another, whatever order their
+// transactions take; the cleaner deletes job_inputs rows with SKIP LOCKED
+// and takes no job lock. job_inputs is thus in no lock order at all.
 
 type graphSQL struct {
 	lockKeys, tryKeys, tails, lockPrereqs, insert, insertUnique, edges, liveHolders string
@@ -176,10 +176,10 @@ SELECT count(*) FROM upd`
 	  AND ($3::uuid[] IS NULL OR x.job = ANY($3::uuid[]))
 	RETURNING x.job, x.kind, x.prereq, p.state AS pstate
 ), kept AS (
-	INSERT INTO ` + s.inputs + ` AS k (id, type, result)
-	SELECT p.id, p.type, p.result FROM ` + s.jobs + ` p
-	WHERE p.id IN (SELECT prereq FROM e WHERE kind = 'depends' AND pstate = 'completed') ORDER BY p.id
-	ON CONFLICT (id) DO UPDATE SET kept_at = now()
+	INSERT INTO ` + s.inputs + ` (id, type, result, finished_at)
+	SELECT p.id, p.type, p.result, p.finished_at FROM ` + s.jobs + ` p
+	WHERE p.id IN (SELECT prereq FROM e WHERE kind = 'depends' AND pstate = 'completed')
+	  AND ` + s.inputsFresh("p") + `
 ), agg AS (
 	SELECT job, count(*)::int AS n,
 	       (array_agg(prereq::text || ' ' || pstate ORDER BY prereq) FILTER (WHERE kind = 'depends' AND pstate <> 'completed'))[1] AS bad,

@@ -23,11 +23,11 @@ type inputsSQL struct {
 	read, record, clean string
 }
 
-// InputsKeep is how long the cleaner keeps a prerequisite's result after
-// the last dependent was given it, even when no live job lists it any
-// more: longer than any transaction that gives it to a new dependent may
-// reasonably stay open (that transaction's dependent is invisible to the
-// cleaner until it commits).
+// InputsKeep is how long the cleaner keeps a row of job_inputs after it was
+// written, even when no live job lists its prerequisite any more: a
+// transaction giving the result to a new dependent writes a fresh row when
+// the one it finds is older than half of this, so it may stay open that
+// long (its dependent is invisible to the cleaner until it commits).
 const InputsKeep = time.Hour
 
 func (s *Store) buildInputs() {
@@ -39,7 +39,9 @@ func (s *Store) buildInputs() {
 	in.read = `SELECT x.id, COALESCE(k.type, a.type, ''), COALESCE(CASE WHEN k.id IS NOT NULL THEN 'completed' END, a.state, ''),
        COALESCE(k.result, a.result)
 FROM unnest($1::uuid[]) WITH ORDINALITY AS x(id, i)
-LEFT JOIN ` + s.inputs + ` k ON k.id = x.id
+LEFT JOIN LATERAL (
+	SELECT i.id, i.type, i.result FROM ` + s.inputs + ` i WHERE i.id = x.id
+	ORDER BY i.finished_at DESC NULLS LAST, i.kept_at DESC LIMIT 1) k ON true
 LEFT JOIN LATERAL (
 	SELECT ` + cols + ` FROM ` + s.jobs + ` WHERE id = x.id AND k.id IS NULL
 	UNION ALL
@@ -50,13 +52,12 @@ ORDER BY x.i`
 	// jobs list them, and their results are kept. The prerequisites are
 	// locked (KEY SHARE, or finished and in job_history) by the caller.
 	in.record = `WITH kept AS (
-	INSERT INTO ` + s.inputs + ` AS k (id, type, result)
-	SELECT p.id, p.type, p.result FROM (
-		SELECT id, type, result FROM ` + s.jobs + ` WHERE id = ANY($2::uuid[]) AND state = 'completed'
+	INSERT INTO ` + s.inputs + ` (id, type, result, finished_at)
+	SELECT p.id, p.type, p.result, p.finished_at FROM (
+		SELECT id, type, result, finished_at FROM ` + s.jobs + ` WHERE id = ANY($2::uuid[]) AND state = 'completed'
 		UNION ALL
-		SELECT id, type, result FROM ` + s.history + ` WHERE id = ANY($2::uuid[]) AND state = 'completed') p
-	ORDER BY p.id
-	ON CONFLICT (id) DO UPDATE SET kept_at = now()
+		SELECT id, type, result, finished_at FROM ` + s.history + ` WHERE id = ANY($2::uuid[]) AND state = 'completed') p
+	WHERE ` + s.inputsFresh("p") + `
 ), upd AS (
 	UPDATE ` + s.jobs + ` j SET prereqs = COALESCE(j.prereqs, '{}') || x.done
 	FROM (SELECT u.job, array_agg(u.prereq ORDER BY u.prereq) AS done FROM unnest($1::uuid[], $2::uuid[]) AS u(job, prereq)
@@ -65,18 +66,27 @@ ORDER BY x.i`
 	RETURNING j.id
 )
 SELECT count(*) FROM upd`
-	// Kept results no live job lists, last given out more than InputsKeep
-	// ago. The row lock of a concurrent writer makes the delete skip the
-	// row; one committed since this statement's snapshot fails the
-	// recheck of kept_at.
+	// Kept results no live job lists, written more than InputsKeep ago. A
+	// writer adds a fresh row rather than touching an old one
+	// (inputsFresh), so a dependent committed after this statement's
+	// snapshot relies on a row too young to be deleted here.
 	in.clean = `WITH d AS (
-	SELECT k.id FROM ` + s.inputs + ` k
+	SELECT k.ctid FROM ` + s.inputs + ` k
 	WHERE k.kept_at < now() - $1::bigint * interval '1 millisecond'
 	  AND NOT EXISTS (SELECT 1 FROM ` + s.jobs + ` j WHERE j.prereqs @> ARRAY[k.id] AND j.prereqs IS NOT NULL
 	                  AND j.state IN ` + live + `)
 	LIMIT $2 FOR UPDATE SKIP LOCKED
 )
-DELETE FROM ` + s.inputs + ` k USING d WHERE k.id = d.id`
+DELETE FROM ` + s.inputs + ` k USING d WHERE k.ctid = d.ctid`
+}
+
+// inputsFresh is the condition under which a writer adds a job_inputs row
+// for the completed prerequisite row p: unless a row of the same
+// completion written in the last 30 minutes (half InputsKeep) is there.
+// Writers only insert, so none waits for another.
+func (s *Store) inputsFresh(p string) string {
+	return `NOT EXISTS (SELECT 1 FROM ` + s.inputs + ` k WHERE k.id = ` + p + `.id AND k.finished_at IS NOT DISTINCT FROM ` + p + `.finished_at
+	AND k.kept_at > now() - interval '30 minutes')`
 }
 
 // Input is one prerequisite of a job as Inputs reads it.
