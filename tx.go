@@ -16,8 +16,10 @@ import (
 //   - a pgx.Tx (pgx.Conn.Begin, pgxpool.Pool.Begin, pgx.BeginFunc, …);
 //   - a database/sql transaction on PostgreSQL: a *sql.Tx of any driver
 //     (pgx's stdlib, lib/pq, …), or any value with the methods of SQLTx,
-//     such as *sqlx.Tx, bun.Tx, or a GORM transaction's
-//     tx.Statement.ConnPool (its *sql.Tx, or PrepareStmt's wrapper of it).
+//     such as *sqlx.Tx, or a GORM transaction's tx.Statement.ConnPool (its
+//     *sql.Tx, or PrepareStmt's wrapper of it). Not a bun.Tx itself: its
+//     methods format the query with their own ? placeholders and pass
+//     the driver no arguments; pass the *sql.Tx it embeds (bunTx.Tx).
 //
 // Any other value, a nil one included, is refused with an *InputError
 // naming "tx", before anything is written.

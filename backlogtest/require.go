@@ -499,7 +499,7 @@ func render(v any) string {
 func readJobs(ctx context.Context, q *backlog.Queue, db querier) ([]*backlog.JobInfo, error) {
 	rows, err := db.Query(ctx, `SELECT id, type, args, tags, state, priority, run_at, attempt, max_attempts, timeout_ms,
        COALESCE(worker, ''), result, COALESCE(last_error, ''), errors, created_at, started_at, finished_at,
-       COALESCE(ordering_key, ''), COALESCE(unique_key, ''), COALESCE(concurrency_key, '')
+       COALESCE(ordering_key, ''), COALESCE(unique_key, ''), COALESCE(concurrency_key, ''), meta, progress
 FROM `+pgx.Identifier{q.Schema(), "all_jobs"}.Sanitize()+` ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("reading the jobs of schema %s: %w", q.Schema(), err)
@@ -515,16 +515,22 @@ FROM `+pgx.Identifier{q.Schema(), "all_jobs"}.Sanitize()+` ORDER BY created_at, 
 			errs      []byte
 			prio      int16
 			timeoutMS int64
+			meta      []byte
 		)
 		if err := rows.Scan(&id, &j.Type, &j.Args, &tags, &state, &prio, &j.RunAt, &j.Attempt, &j.MaxAttempts, &timeoutMS,
 			&j.Worker, &j.Result, &j.LastError, &errs, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
-			&j.OrderingKey, &j.UniqueKey, &j.ConcurrencyKey); err != nil {
+			&j.OrderingKey, &j.UniqueKey, &j.ConcurrencyKey, &meta, &j.Progress); err != nil {
 			return nil, fmt.Errorf("reading the jobs of schema %s: %w", q.Schema(), err)
 		}
 		j.ID, j.State, j.Priority, j.Timeout = id, backlog.State(state), int(prio), time.Duration(timeoutMS)*time.Millisecond
 		if len(tags) > 0 && string(tags) != "{}" {
 			if err := json.Unmarshal(tags, &j.Tags); err != nil {
 				return nil, fmt.Errorf("decoding the tags of job %s: %w", id, err)
+			}
+		}
+		if len(meta) > 0 {
+			if err := json.Unmarshal(meta, &j.Metadata); err != nil {
+				return nil, fmt.Errorf("decoding the metadata of job %s: %w", id, err)
 			}
 		}
 		if len(errs) > 0 {

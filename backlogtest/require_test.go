@@ -101,6 +101,17 @@ func TestRequireEnqueuedMatches(tt *testing.T) {
 	backlogtest.RequireNotEnqueued(ctx, tt, q, "email.sned", nil)
 }
 
+// The job returned carries its metadata (and progress, nil here).
+func TestRequireEnqueuedReturnsMetadata(tt *testing.T) {
+	ctx := context.Background()
+	q := newQ(tt)
+	_, err := q.Enqueue(ctx, "traced", nil, backlog.Metadata(map[string]string{"traceparent": "00-abc-def-01"}))
+	require.NoError(tt, err)
+	job := backlogtest.RequireEnqueued(ctx, tt, q, "traced", nil)
+	require.Equal(tt, map[string]string{"traceparent": "00-abc-def-01"}, job.Metadata)
+	require.Nil(tt, job.Progress)
+}
+
 func TestRequireEnqueuedFailureListsWhatWasEnqueued(tt *testing.T) {
 	ctx := context.Background()
 	q := newQ(tt)

@@ -34,7 +34,10 @@
 // trace context, a job carries "traceparent" (55 bytes) and, when set,
 // "tracestate". Should everything the propagator writes (baggage, say)
 // exceed half of backlog.MaxMetadataBytes, only traceparent and
-// tracestate are kept, so that tracing never fails an enqueue.
+// tracestate are kept, so that tracing alone never fails an enqueue. A
+// job whose own Metadata already takes most of MaxMetadataBytes can still
+// go over it with the trace context added: that enqueue fails with an
+// *InputError naming "metadata".
 //
 // Attributes follow the OpenTelemetry semantic conventions for messaging
 // (v1.43.0): messaging.system "backlog"; messaging.operation.type "send"
