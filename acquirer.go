@@ -303,29 +303,13 @@ func (a *acquirer) claimLoop(d *domain) {
 		d.startClaimLocked(started, len(d.waiters))
 		a.mu.Unlock()
 
-		res, err := a.store.claim(a.ctx, d.spec, k, wanted)
+		res, err := a.claim(d, k, wanted)
 		jobs := res.jobs
-		if err == nil && len(jobs) > k {
-			// Broken invariant: keep what was asked for, give the rest back.
-			a.log.Error("backlog: claim returned more jobs than asked; releasing the extra",
-				"asked", k, "got", len(jobs), "types", d.spec.types)
-			a.store.release(jobs[k:])
-			jobs = jobs[:k]
-		}
 
 		a.mu.Lock()
 		now := time.Now()
 		d.claimedLocked(now.Sub(started))
-		n := min(len(jobs), len(d.waiters))
-		if a.closed {
-			n = 0 // every job is surplus: released below
-		}
-		d.tickLocked(now, len(d.waiters))
-		for i := range n {
-			d.handLocked(jobs[i], now)
-			d.waiters[i].ch <- acquired{job: jobs[i]}
-		}
-		d.waiters = append([]*acquiree(nil), d.waiters[n:]...)
+		n := a.handOutLocked(d, jobs, now)
 		if !d.extra {
 			d.answerGoneLocked()
 		}
@@ -419,6 +403,36 @@ func (a *acquirer) claimLoop(d *domain) {
 	}
 }
 
+// claim runs one claim for d of up to k jobs, now of them wanted at once.
+func (a *acquirer) claim(d *domain, k, now int) (claimResult, error) {
+	res, err := a.store.claim(a.ctx, d.spec, k, now)
+	if err == nil && len(res.jobs) > k {
+		// Broken invariant: keep what was asked for, give the rest back.
+		a.log.Error("backlog: claim returned more jobs than asked; releasing the extra",
+			"asked", k, "got", len(res.jobs), "types", d.spec.types)
+		a.store.release(res.jobs[k:])
+		res.jobs = res.jobs[:k]
+	}
+	return res, err
+}
+
+// handOutLocked hands jobs to the domain's first waiters, FIFO, and
+// returns how many it handed (none once the acquirer is closed: every job
+// is then surplus, for the caller to release).
+func (a *acquirer) handOutLocked(d *domain, jobs []*Job, now time.Time) int {
+	n := min(len(jobs), len(d.waiters))
+	if a.closed {
+		n = 0
+	}
+	d.tickLocked(now, len(d.waiters))
+	for i := range n {
+		d.handLocked(jobs[i], now)
+		d.waiters[i].ch <- acquired{job: jobs[i]}
+	}
+	d.waiters = append([]*acquiree(nil), d.waiters[n:]...)
+	return n
+}
+
 // endClaimLocked ends the domain's claim goroutine's clearance.
 func (a *acquirer) endClaimLocked(d *domain) {
 	d.querying = false
@@ -492,27 +506,11 @@ func (a *acquirer) maybeExtraLocked(d *domain) {
 // the loop would have.
 func (a *acquirer) extraClaim(d *domain, k int) {
 	defer a.wg.Done()
-	res, err := a.store.claim(a.ctx, d.spec, k, k)
+	res, err := a.claim(d, k, k)
 	jobs := res.jobs
-	if err == nil && len(jobs) > k {
-		a.log.Error("backlog: claim returned more jobs than asked; releasing the extra",
-			"asked", k, "got", len(jobs), "types", d.spec.types)
-		a.store.release(jobs[k:])
-		jobs = jobs[:k]
-	}
 	a.mu.Lock()
 	d.extra, d.extraK = false, 0
-	now := time.Now()
-	n := min(len(jobs), len(d.waiters))
-	if a.closed {
-		n = 0
-	}
-	d.tickLocked(now, len(d.waiters))
-	for i := range n {
-		d.handLocked(jobs[i], now)
-		d.waiters[i].ch <- acquired{job: jobs[i]}
-	}
-	d.waiters = append([]*acquiree(nil), d.waiters[n:]...)
+	n := a.handOutLocked(d, jobs, time.Now())
 	var surplus []*Job
 	if a.closed || d.targetLocked() == 0 || holdsSlots(jobs) {
 		// Jobs no waiter took (the loop's claim served them meanwhile)
