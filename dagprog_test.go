@@ -512,3 +512,37 @@ func TestCompletedPrerequisitesNeverBlockEnqueues(t *testing.T) {
 	require.NoError(t, b.Commit(ctx))
 	require.Equal(t, 4, e.countLive("type = 'd' AND cardinality(prereqs) = 1"))
 }
+
+// TestRetryStartsWithoutProgress: an attempt starts with no progress, so a
+// retry does not show (or keep in history) the previous attempt's.
+func TestRetryStartsWithoutProgress(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	running := make(chan struct{})
+	checked := make(chan struct{})
+	stop := work(t, e.q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		if job.Attempt == 1 {
+			require.NoError(t, job.SetProgress(ctx, map[string]int{"step": 1}))
+			return errors.New("first attempt fails")
+		}
+		close(running)
+		<-checked
+		return nil
+	}), backlog.Types("prog"), backlog.RetryBackoff(backlog.Backoff{Initial: time.Millisecond, Max: time.Millisecond}))
+	defer func() { require.NoError(t, stop()) }()
+	id, err := e.q.Enqueue(ctx, "prog", nil)
+	require.NoError(t, err)
+	select {
+	case <-running:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retry did not start")
+	}
+	info, err := e.q.Job(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, 2, info.Attempt)
+	require.Nil(t, info.Progress, "the second attempt shows the first attempt's progress")
+	close(checked)
+	info = e.waitState(id, 10*time.Second, backlog.StateCompleted)
+	require.Nil(t, info.Progress)
+}

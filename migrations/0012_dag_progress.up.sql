@@ -46,7 +46,9 @@ ALTER TABLE job_history ADD COLUMN progress jsonb, ADD COLUMN prereqs uuid[];
 -- NULL when it has none). A function's result columns cannot be changed
 -- in place: it is dropped and created again. The only changes: the
 -- prereqs column in RETURNS TABLE, NULL::uuid[] in the two early returns,
--- and j.prereqs in the final RETURNING. claim() below, which processes of
+-- j.prereqs in the final RETURNING, and progress = NULL in the claim's
+-- UPDATE (an attempt starts with no progress: a retry does not show the
+-- previous attempt's). claim() below, which processes of
 -- versions 9 and 10 call, is created again after it. Processes of version
 -- 11 read 17 columns of claim_jobs: versions 11 and 12 do not run side by
 -- side (both migrations ship in one release).
@@ -141,7 +143,8 @@ BEGIN
     END IF;
     RETURN QUERY
     UPDATE jobs j SET state = 'running', attempt = j.attempt + 1, lease_token = gen_random_uuid(),
-           lease_expires_at = now() + p_lease_ms * interval '1 millisecond', worker = p_worker, started_at = now()
+           lease_expires_at = now() + p_lease_ms * interval '1 millisecond', worker = p_worker, started_at = now(),
+           progress = NULL
     WHERE j.id = ANY(v_ids)
     RETURNING j.id, j.type, j.args, j.tags, j.attempt, j.max_attempts, j.priority, j.timeout_ms, j.lease_token,
               j.created_at, j.run_at, greatest(0, extract(epoch FROM now() - j.run_at) * 1e6)::bigint, v_next, v_skipped,
