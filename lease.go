@@ -293,7 +293,23 @@ func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *procBeat) (bo
 		}
 	}
 	if prog != nil {
+		// Pending no more, unless a lease outside this batch (claimed
+		// after it was taken) has progress to write too.
 		l.progPending = false
+		inBatch := make(map[*heldLease]bool, len(ls))
+		for _, le := range ls {
+			inBatch[le] = true
+		}
+		for _, le := range l.held {
+			if le.progSeq != le.progSent && !inBatch[le] {
+				l.progPending = true
+				select {
+				case l.progKick <- struct{}{}:
+				default:
+				}
+				break
+			}
+		}
 	}
 	l.mu.Unlock()
 	sentAt := time.Now()
