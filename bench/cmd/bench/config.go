@@ -53,7 +53,7 @@ func parseFlags(args []string) (*config, error) {
 	quick := fs.Bool("quick", false, "the under-a-minute-or-two variant: fewer jobs, shorter phases, one run each, no 10/s latency rate")
 	only := fs.String("only", "", "systems to run (comma-separated): backlog, river, river-tuned, floor, graphile (default all, or backlog,river-tuned,floor,graphile with -quick)")
 	wls := fs.String("workloads", strings.Join(workloadNames, ","), "workloads to run (comma-separated): burndown, steady, latency, idle, flow (backlog only)")
-	runs := fs.Int("runs", 0, "runs per system of the burn-down and steady-state workloads, reported as medians (default 3, or 1 with -quick)")
+	runs := fs.Int("runs", 0, "runs per system of every workload (flow: its burn-downs), reported as medians with their range (default 3, or 1 with -quick)")
 	jobs := fs.Int("jobs", 0, "burn-down jobs (default 200000, or 20000 with -quick)")
 	out := fs.String("out", "results/latest.md", "also write the report to this file (empty: stdout only)")
 	pool := fs.Int("pool", 16, "MaxConns of each system's pgxpool")
@@ -86,7 +86,7 @@ func parseFlags(args []string) (*config, error) {
 		c.totalTimeout = 5 * time.Minute
 	} else {
 		c.runs, c.burnJobs, c.burnTimeout = 3, 200_000, 60*time.Second
-		c.steadyDur, c.idleDur = 30*time.Second, 60*time.Second
+		c.steadyDur, c.idleDur = 30*time.Second, 30*time.Second
 		c.latRates = []int{10, 100, 1000}
 		c.latDurs = map[int]time.Duration{10: 10 * time.Second, 100: 5 * time.Second, 1000: 5 * time.Second}
 		c.totalTimeout = 45 * time.Minute
@@ -172,12 +172,12 @@ func (c *config) describe() []string {
 		for _, r := range c.latRates {
 			rs = append(rs, fmt.Sprintf("%d/s for %s", r, c.latDur(r)))
 		}
-		d = append(d, fmt.Sprintf("pickup latency: single inserts on a fixed schedule (%s; %d producer goroutines share the schedule) while the workers are otherwise idle; latency = handler start − the moment the insert call returned (after its commit), both on this process's monotonic clock (graphile-worker: the handler start is the Node process's wall-clock reading, placed on this clock through the wall clock; checked at start-up to fall between sending a request for it and reading the reply); percentiles over all jobs of one run.",
-			strings.Join(rs, ", "), latProducers))
+		d = append(d, fmt.Sprintf("pickup latency: single inserts on a fixed schedule (%s; %d producer goroutines share the schedule) while the workers are otherwise idle; latency = handler start − the moment the insert call returned (after its commit), both on this process's monotonic clock (graphile-worker: the handler start is the Node process's wall-clock reading, placed on this clock through the wall clock; checked at start-up to fall between sending a request for it and reading the reply); percentiles over all jobs of a run; %s.",
+			strings.Join(rs, ", "), latProducers, c.runsText()))
 	}
 	if has("idle") {
-		d = append(d, fmt.Sprintf("idle: %d domains × %d workers (backlog: %d Work calls, each Concurrency(%d) with its own job type; River: %d queues with MaxWorkers %d, each config keeping its fetch settings; graphile-worker: %d runners in its one Node process, each with concurrentJobs %d, a task identifier, local queue and LISTEN connection of its own, sharing one pg.Pool — a runner's concurrency is shared by all its tasks, so separate runners are what gives each domain its own workers), no jobs; measured over %s after %s of warm-up (longer than the 10 s for which an idle backend may hold back its statistics, so startup work stays out of the window), one run. pg_stat_database counts transactions, not statements (a first execution in pgx's describe modes adds one), and lags by up to 10 s, so it is approximate; the client-side statement count is exact.",
-			c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDur, c.idleWarmup))
+		d = append(d, fmt.Sprintf("idle: %d domains × %d workers (backlog: %d Work calls, each Concurrency(%d) with its own job type; River: %d queues with MaxWorkers %d, each config keeping its fetch settings; graphile-worker: %d runners in its one Node process, each with concurrentJobs %d, a task identifier, local queue and LISTEN connection of its own, sharing one pg.Pool — a runner's concurrency is shared by all its tasks, so separate runners are what gives each domain its own workers), no jobs; measured over %s after %s of warm-up (longer than the 10 s for which an idle backend may hold back its statistics, so startup work stays out of the window); %s. pg_stat_database counts transactions, not statements (a first execution in pgx's describe modes adds one), and lags by up to 10 s, so it is approximate; the client-side statement count is exact.",
+			c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDomains, c.idleWorkers, c.idleDur, c.idleWarmup, c.runsText()))
 	}
 	return d
 }

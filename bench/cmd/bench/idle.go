@@ -59,7 +59,21 @@ func readIdle(ctx context.Context, env *benchEnv, sys system, closing bool) (idl
 	return r, nil
 }
 
+// runIdle measures the idle load cfg.runs times, each run in a fresh
+// schema with fresh workers; each row is the median of the runs.
 func runIdle(ctx context.Context, env *benchEnv, k kind, res *results) {
+	for run := range env.cfg.runs {
+		if ctx.Err() != nil {
+			return
+		}
+		if env.cfg.runs > 1 {
+			logf("idle: %s, run %d/%d", k.label, run+1, env.cfg.runs)
+		}
+		idleRun(ctx, env, k, res)
+	}
+}
+
+func idleRun(ctx context.Context, env *benchEnv, k kind, res *results) {
 	cfg := env.cfg
 	keys := []string{"idle.xact", "idle.stmt", "idle.pgcpu", "idle.self"}
 	if env.pgss {

@@ -60,7 +60,20 @@ func (r *latRecorder) hook(seq int64, started time.Time) {
 	}
 }
 
+// runLatency measures pickup latency cfg.runs times, each run in a fresh
+// schema with fresh workers, so every percentile is reported as the median
+// of the runs with their range.
 func runLatency(ctx context.Context, env *benchEnv, k kind, res *results) {
+	for run := range env.cfg.runs {
+		if ctx.Err() != nil {
+			return
+		}
+		logf("latency: %s, run %d/%d", k.label, run+1, env.cfg.runs)
+		latencyOnce(ctx, env, k, res)
+	}
+}
+
+func latencyOnce(ctx context.Context, env *benchEnv, k kind, res *results) {
 	cfg := env.cfg
 	total := 0
 	for _, rate := range cfg.latRates {
