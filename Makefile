@@ -35,7 +35,7 @@ cli:
 	cd cmd/backlog && $(GO) build -o ../../bin/backlog .
 
 # Benchmarks (bench/ is its own module, so the library never depends on River):
-#   make bench        full run: backlog vs River (default and tuned) vs a raw-SQL floor (about 13 minutes)
+#   make bench        full run: backlog vs River (default and tuned) vs graphile-worker vs a raw-SQL floor (about 23 minutes)
 #   make bench-quick  the same workloads, smaller and shorter (about 2.5 minutes)
 # Both print a markdown table and write it to bench/results/latest.md.
 bench:
