@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math/big"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/backlogq/backlog"
+	"github.com/backlogq/backlog/internal/store"
 	"github.com/backlogq/backlog/internal/testbridge"
 )
 
@@ -55,9 +57,26 @@ type Expect struct {
 	Want *Want // nil: any job of the type
 }
 
-// querier runs a query: a *pgxpool.Pool or a pgx.Tx.
+// querier runs a query: a *pgxpool.Pool, a pgx.Tx, or a database/sql
+// transaction through store.SQL.
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// txQuerier reads through tx, any transaction EnqueueTx takes (see
+// backlog.Tx); anything else fails t.
+func txQuerier(t TB, fn string, tx backlog.Tx) querier {
+	t.Helper()
+	if r := reflect.ValueOf(tx); r.Kind() != reflect.Pointer || !r.IsNil() {
+		switch tx := tx.(type) {
+		case pgx.Tx:
+			return tx
+		case backlog.SQLTx:
+			return store.SQL(tx)
+		}
+	}
+	fatalf(t, "%s: tx is %T, neither a pgx.Tx nor a database/sql transaction (*sql.Tx, or a type with the methods of backlog.SQLTx)", fn, tx)
+	return nil
 }
 
 // RequireEnqueued asserts that a job of type typ matching want was
@@ -73,10 +92,12 @@ func RequireEnqueued(ctx context.Context, t TB, q *backlog.Queue, typ string, wa
 
 // RequireEnqueuedTx is RequireEnqueued reading through tx, so that it sees
 // the jobs tx enqueued and has not committed yet (and, with REPEATABLE READ
-// or SERIALIZABLE, only what tx's snapshot shows).
-func RequireEnqueuedTx(ctx context.Context, t TB, q *backlog.Queue, tx pgx.Tx, typ string, want *Want) *backlog.JobInfo {
+// or SERIALIZABLE, only what tx's snapshot shows). tx is any transaction
+// EnqueueTx takes (a backlog.Tx): a pgx.Tx, or a database/sql transaction
+// such as a *sql.Tx.
+func RequireEnqueuedTx(ctx context.Context, t TB, q *backlog.Queue, tx backlog.Tx, typ string, want *Want) *backlog.JobInfo {
 	t.Helper()
-	return requireEnqueued(ctx, t, q, tx, typ, want)
+	return requireEnqueued(ctx, t, q, txQuerier(t, "RequireEnqueuedTx", tx), typ, want)
 }
 
 func requireEnqueued(ctx context.Context, t TB, q *backlog.Queue, db querier, typ string, want *Want) *backlog.JobInfo {
@@ -106,10 +127,11 @@ func RequireNotEnqueued(ctx context.Context, t TB, q *backlog.Queue, typ string,
 	requireNotEnqueued(ctx, t, q, testbridge.Pool(q), typ, want)
 }
 
-// RequireNotEnqueuedTx is RequireNotEnqueued reading through tx.
-func RequireNotEnqueuedTx(ctx context.Context, t TB, q *backlog.Queue, tx pgx.Tx, typ string, want *Want) {
+// RequireNotEnqueuedTx is RequireNotEnqueued reading through tx (a
+// backlog.Tx, as RequireEnqueuedTx takes).
+func RequireNotEnqueuedTx(ctx context.Context, t TB, q *backlog.Queue, tx backlog.Tx, typ string, want *Want) {
 	t.Helper()
-	requireNotEnqueued(ctx, t, q, tx, typ, want)
+	requireNotEnqueued(ctx, t, q, txQuerier(t, "RequireNotEnqueuedTx", tx), typ, want)
 }
 
 func requireNotEnqueued(ctx context.Context, t TB, q *backlog.Queue, db querier, typ string, want *Want) {
@@ -144,10 +166,11 @@ func RequireManyEnqueued(ctx context.Context, t TB, q *backlog.Queue, want []Exp
 	return requireMany(ctx, t, q, testbridge.Pool(q), want)
 }
 
-// RequireManyEnqueuedTx is RequireManyEnqueued reading through tx.
-func RequireManyEnqueuedTx(ctx context.Context, t TB, q *backlog.Queue, tx pgx.Tx, want []Expect) []*backlog.JobInfo {
+// RequireManyEnqueuedTx is RequireManyEnqueued reading through tx (a
+// backlog.Tx, as RequireEnqueuedTx takes).
+func RequireManyEnqueuedTx(ctx context.Context, t TB, q *backlog.Queue, tx backlog.Tx, want []Expect) []*backlog.JobInfo {
 	t.Helper()
-	return requireMany(ctx, t, q, tx, want)
+	return requireMany(ctx, t, q, txQuerier(t, "RequireManyEnqueuedTx", tx), want)
 }
 
 func requireMany(ctx context.Context, t TB, q *backlog.Queue, db querier, want []Expect) []*backlog.JobInfo {
@@ -516,13 +539,17 @@ FROM `+pgx.Identifier{q.Schema(), "all_jobs"}.Sanitize()+` ORDER BY created_at, 
 			prio      int16
 			timeoutMS int64
 			meta      []byte
+			// JSON as []byte, not json.RawMessage: database/sql scans
+			// NULL, and the text pgx's stdlib driver gives, only into that.
+			args, result, progress []byte
 		)
-		if err := rows.Scan(&id, &j.Type, &j.Args, &tags, &state, &prio, &j.RunAt, &j.Attempt, &j.MaxAttempts, &timeoutMS,
-			&j.Worker, &j.Result, &j.LastError, &errs, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
-			&j.OrderingKey, &j.UniqueKey, &j.ConcurrencyKey, &meta, &j.Progress); err != nil {
+		if err := rows.Scan(&id, &j.Type, &args, &tags, &state, &prio, &j.RunAt, &j.Attempt, &j.MaxAttempts, &timeoutMS,
+			&j.Worker, &result, &j.LastError, &errs, &j.CreatedAt, &j.StartedAt, &j.FinishedAt,
+			&j.OrderingKey, &j.UniqueKey, &j.ConcurrencyKey, &meta, &progress); err != nil {
 			return nil, fmt.Errorf("reading the jobs of schema %s: %w", q.Schema(), err)
 		}
 		j.ID, j.State, j.Priority, j.Timeout = id, backlog.State(state), int(prio), time.Duration(timeoutMS)*time.Millisecond
+		j.Args, j.Result, j.Progress = args, result, progress
 		if len(tags) > 0 && string(tags) != "{}" {
 			if err := json.Unmarshal(tags, &j.Tags); err != nil {
 				return nil, fmt.Errorf("decoding the tags of job %s: %w", id, err)

@@ -2,6 +2,7 @@ package backlogtest_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
@@ -215,6 +217,38 @@ func TestRequireEnqueuedTxSeesUncommittedJobs(tt *testing.T) {
 	// A query error (the transaction is over) fails t too.
 	msg = fails(tt, func(tb backlogtest.TB) { backlogtest.RequireEnqueuedTx(ctx, tb, q, tx, "email.send", nil) })
 	require.Contains(tt, msg, "reading the jobs of schema")
+}
+
+// TestRequireEnqueuedTxDatabaseSQL: the Tx forms take whatever EnqueueTx
+// takes, a database/sql transaction included, and see what it has not
+// committed; anything else fails t naming what it got.
+func TestRequireEnqueuedTxDatabaseSQL(tt *testing.T) {
+	ctx := context.Background()
+	q := newQ(tt)
+	db := stdlib.OpenDBFromPool(testdb.Pool(tt))
+	defer db.Close()
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(tt, err)
+	defer func() { _ = tx.Rollback() }()
+	id, err := q.EnqueueTx(ctx, tx, "email.send", emailArgs{To: "ada@example.com"}, backlog.Tags{"tenant": "acme"},
+		backlog.OrderingKey("acct-1"))
+	require.NoError(tt, err)
+
+	job := backlogtest.RequireEnqueuedTx(ctx, tt, q, tx, "email.send", &backlogtest.Want{Args: map[string]any{"to": "ada@example.com"},
+		Tags: map[string]string{"tenant": "acme"}, OrderingKey: "acct-1", State: backlog.StateAvailable})
+	require.Equal(tt, id, job.ID)
+	require.Nil(tt, job.Result)
+	require.Nil(tt, job.StartedAt)
+	require.JSONEq(tt, `{"to": "ada@example.com", "subject": ""}`, string(job.Args))
+	backlogtest.RequireNotEnqueued(ctx, tt, q, "email.send", nil) // not committed
+	backlogtest.RequireManyEnqueuedTx(ctx, tt, q, tx, []backlogtest.Expect{{Type: "email.send"}})
+	msg := fails(tt, func(tb backlogtest.TB) { backlogtest.RequireNotEnqueuedTx(ctx, tb, q, tx, "email.send", nil) })
+	require.Contains(tt, msg, "were enqueued, want none")
+
+	for _, bad := range []backlog.Tx{nil, db, "a string", (*sql.Tx)(nil)} {
+		msg := fails(tt, func(tb backlogtest.TB) { backlogtest.RequireEnqueuedTx(ctx, tb, q, bad, "email.send", nil) })
+		require.Contains(tt, msg, "neither a pgx.Tx nor a database/sql transaction", "%T", bad)
+	}
 }
 
 func TestRequireManyEnqueuedInOrder(tt *testing.T) {
