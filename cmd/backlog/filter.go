@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,7 +48,15 @@ func (f *filterFlags) set() bool {
 func (f *filterFlags) filter() (backlog.Filter, error) {
 	var out backlog.Filter
 	for _, s := range f.states {
-		out.States = append(out.States, backlog.State(strings.ToLower(strings.TrimSpace(s))))
+		st := backlog.State(strings.ToLower(strings.TrimSpace(s)))
+		if !slices.Contains(allStates, st) {
+			names := make([]string, len(allStates))
+			for i, s := range allStates {
+				names[i] = string(s)
+			}
+			return out, usagef("--state %q: want one of %s", s, strings.Join(names, ", "))
+		}
+		out.States = append(out.States, st)
 	}
 	out.Types = f.types
 	tags, err := parseTags(f.tags)
