@@ -61,7 +61,11 @@ running jobs per worker, paused types and the oldest open transaction.`,
 				return err
 			}
 			fmt.Fprintf(out, "\nfinished jobs are counted over the last %s\n", strings.TrimSuffix(backlog.StatsWindow.String(), "0m0s"))
-			fmt.Fprintf(out, "oldest available job waiting: %s\n", st.OldestAvailable.Round(time.Millisecond))
+			if st.ByState[backlog.StateAvailable] == 0 {
+				fmt.Fprintln(out, "no available job is waiting")
+			} else {
+				fmt.Fprintf(out, "oldest available job waiting: %s\n", st.OldestAvailable.Round(time.Millisecond))
+			}
 			paused := "none"
 			if len(st.Paused) > 0 {
 				paused = strings.Join(st.Paused, ", ")

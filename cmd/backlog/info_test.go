@@ -95,3 +95,19 @@ NAME     KIND  SPEC       TYPE    LAST PLAN  NEXT PLAN             REGISTERED BY
 nightly  cron  0 3 * * *  report  -          YYYY-MM-DDTHH:MM:SSZ  cli-test-worker  no
 `)
 }
+
+// TestStatsNothingWaiting: with no available job, stats says that nothing
+// waits rather than that the oldest job has waited 0s.
+func TestStatsNothingWaiting(t *testing.T) {
+	t.Parallel()
+	c := migrated(t)
+	c.ok("enqueue", "later", "--run-at", "+1h")
+	out := c.ok("stats")
+	if !strings.Contains(out, "\nno available job is waiting\n") || strings.Contains(out, "oldest available job waiting") {
+		t.Fatalf("stats with nothing available:\n%s", out)
+	}
+	c.ok("enqueue", "now")
+	if out := c.ok("stats"); !strings.Contains(out, "\noldest available job waiting: ") {
+		t.Fatalf("stats with a job available:\n%s", out)
+	}
+}
