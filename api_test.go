@@ -55,6 +55,9 @@ func TestUnmigratedSchemaIsNamed(t *testing.T) {
 	_, err = q.Enqueue(ctx, "t", nil)
 	require.ErrorIs(t, err, backlog.ErrNotMigrated)
 	require.ErrorContains(t, err, "Migrate")
+	// The CLI command it names works on this schema, not the default one.
+	require.ErrorContains(t, err, "`backlog --schema "+q.Schema()+" migrate up`")
+	require.Equal(t, "backlog migrate up", backlog.MigrateHint(backlog.DefaultSchema))
 	_, err = q.Job(ctx, uuid.New())
 	require.ErrorIs(t, err, backlog.ErrNotMigrated)
 	done := make(chan error, 1)

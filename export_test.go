@@ -9,6 +9,9 @@ import (
 	"github.com/backlogq/backlog/internal/store"
 )
 
+// MigrateHint is the CLI command an ErrNotMigrated names.
+var MigrateHint = migrateHint
+
 // WithClock replaces the Queue's wall clock (tests skew it).
 func WithClock(f func() time.Time) Option { return queueOption(func(c *config) { c.clock = f }) }
 

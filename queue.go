@@ -156,7 +156,8 @@ func (q *Queue) Migrate(ctx context.Context) error {
 
 // ErrNotMigrated is returned (wrapped) when the queue's schema does not
 // exist or is older than this version of backlog: run Queue.Migrate (or
-// `backlog migrate up`) first.
+// `backlog migrate up`, with --schema NAME for a schema other than the
+// default) first.
 var ErrNotMigrated = errors.New("backlog: schema not migrated")
 
 // checkSchema returns ErrNotMigrated when the schema is missing or out of
@@ -174,11 +175,21 @@ func (q *Queue) checkSchema(ctx context.Context) error {
 		return classify(fmt.Errorf("checking schema %s: %w", q.cfg.schema, err))
 	}
 	if want := ms[len(ms)-1].Version; have < want {
-		return fmt.Errorf("%w: schema %q is at version %d of %d; call Queue.Migrate (or run `backlog migrate up`)",
-			ErrNotMigrated, q.cfg.schema, have, want)
+		return fmt.Errorf("%w: schema %q is at version %d of %d; call Queue.Migrate (or run `%s`)",
+			ErrNotMigrated, q.cfg.schema, have, want, migrateHint(q.cfg.schema))
 	}
 	q.migrated.Store(true)
 	return nil
+}
+
+// migrateHint is the CLI command that migrates schema: it needs --schema
+// for any but the default one (a schema name is a plain identifier, so it
+// needs no quoting for the shell).
+func migrateHint(schema string) string {
+	if schema == DefaultSchema {
+		return "backlog migrate up"
+	}
+	return "backlog --schema " + schema + " migrate up"
 }
 
 // Job returns a job's record, or ErrNotFound.

@@ -89,7 +89,12 @@ func TestUnmigratedSchema(t *testing.T) {
 	c := newCLI(t)
 	for _, args := range [][]string{{"stats"}, {"list"}, {"paused"}, {"enqueue", "t"}, {"retry", "--all", "--dry-run"},
 		{"limits"}, {"limit", "set", "t", "--concurrency", "1"}, {"limit", "remove", "t"}} {
-		c.fail(1, "schema "+c.schema+" is not migrated; run `backlog migrate up`", args...)
+		c.fail(1, "schema "+c.schema+" is not migrated; run `backlog --schema "+c.schema+" migrate up`", args...)
+	}
+	// The default schema needs no --schema.
+	a := &app{schema: backlog.DefaultSchema}
+	if got := a.migrateHint(); got != "backlog migrate up" {
+		t.Fatalf("the default schema's hint is %q", got)
 	}
 }
 
@@ -144,7 +149,7 @@ func TestMigrate(t *testing.T) {
 	if st.Pending != 1 || st.Version != st.Migrations[n-2].Version || st.Migrations[n-1].Applied {
 		t.Fatalf("after down 1: %+v", st)
 	}
-	c.fail(1, "run `backlog migrate up`", "stats")
+	c.fail(1, "run `backlog --schema "+c.schema+" migrate up`", "stats")
 
 	c.ok("migrate", "up")
 	c.ok("enqueue", "t", `{"n":1}`)

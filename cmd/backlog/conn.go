@@ -93,12 +93,22 @@ func (a *app) queue(ctx context.Context) (*backlog.Queue, error) {
 	case st.Dirty:
 		return nil, fmt.Errorf("schema %s is marked dirty at version %d (a migration failed half-way); fix it by hand", a.schema, st.Version)
 	case st.Version == 0:
-		return nil, fmt.Errorf("schema %s is not migrated; run `backlog migrate up`", a.schema)
+		return nil, fmt.Errorf("schema %s is not migrated; run `%s`", a.schema, a.migrateHint())
 	case len(pending) > 0:
-		return nil, fmt.Errorf("schema %s is at version %d of %d; run `backlog migrate up`",
-			a.schema, st.Version, pending[len(pending)-1].Version)
+		return nil, fmt.Errorf("schema %s is at version %d of %d; run `%s`",
+			a.schema, st.Version, pending[len(pending)-1].Version, a.migrateHint())
 	}
 	return c.q, nil
+}
+
+// migrateHint is the command that migrates the schema: with --schema for
+// any but the default one (a schema name is a plain identifier, so it
+// needs no quoting for the shell).
+func (a *app) migrateHint() string {
+	if a.schema == backlog.DefaultSchema {
+		return "backlog migrate up"
+	}
+	return "backlog --schema " + a.schema + " migrate up"
 }
 
 // close releases the connection: the Queue first, which sends the
