@@ -199,6 +199,11 @@ func TestPagesRender(t *testing.T) {
 	require.Contains(t, ov, `<tr data-type="newsletter.send">`)
 	require.Regexp(t, `newsletter.send</a></th>(.|\n)*?badge-paused`, ov)
 	require.Contains(t, u.page("/?range=day"), "per hour")
+	// Every page names the schema it shows, in its title and header.
+	schema := u.q.Schema()
+	require.Contains(t, ov, "<title>Overview · "+schema+" · backlog</title>")
+	require.Contains(t, ov, `<span class="schema" title="The queue's PostgreSQL schema">schema <code>`+schema+`</code></span>`)
+	require.Contains(t, u.page("/processes"), "<code>"+schema+"</code>")
 
 	jobs := u.page("/jobs?state=failed")
 	require.Contains(t, jobs, u.jobs.Failed[0].String())

@@ -74,6 +74,7 @@ type view struct {
 	Title     string
 	Page      string
 	Base      string
+	Schema    string // the queue's PostgreSQL schema, named in the header and title
 	Nav       []navLink
 	CSRF      string
 	ReadOnly  bool
@@ -86,7 +87,7 @@ type view struct {
 }
 
 func (h *handler) newView(w http.ResponseWriter, r *http.Request, page, title string, data any) *view {
-	v := &view{Title: title, Page: page, Base: h.cfg.base, ReadOnly: h.cfg.readOnly, RefreshMS: h.cfg.poll.Milliseconds(),
+	v := &view{Title: title, Page: page, Base: h.cfg.base, Schema: h.q.Schema(), ReadOnly: h.cfg.readOnly, RefreshMS: h.cfg.poll.Milliseconds(),
 		Now: time.Now(), Data: data, Status: http.StatusOK}
 	for _, l := range []struct{ page, href, label string }{{"overview", "/", "Overview"}, {"jobs", "/jobs", "Jobs"},
 		{"types", "/types", "Types"}, {"schedules", "/schedules", "Schedules"}, {"processes", "/processes", "Processes"}} {
