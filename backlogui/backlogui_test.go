@@ -328,13 +328,22 @@ func TestSecurityHeaders(t *testing.T) {
 func TestXSSPayloadsRenderAsText(t *testing.T) {
 	t.Parallel()
 	u := newUI(t)
+	// Every page that shows a string a user or an application chose: job
+	// types, args, tags, errors, keys, schedule names and types, filters.
 	for _, p := range []string{"/", "/jobs", "/jobs?state=failed", "/jobs/" + u.jobs.XSS[0].String(), "/types", "/processes",
-		"/jobs?type=" + url.QueryEscape(seed.XSSType), "/jobs?error=" + url.QueryEscape(seed.XSSError)} {
+		"/schedules", "/jobs?type=" + url.QueryEscape(seed.XSSType), "/jobs?error=" + url.QueryEscape(seed.XSSError),
+		"/jobs?tags=" + url.QueryEscape("x="+seed.XSSTag), "/jobs?okey=" + url.QueryEscape(seed.XSSArg),
+		"/jobs/confirm?action=retry&type=" + url.QueryEscape(seed.XSSType) + "&error=" + url.QueryEscape(seed.XSSError)} {
 		body := u.page(p)
-		for _, raw := range []string{"<script>alert", "<img src=x", `"><img`} {
+		for _, raw := range []string{"<script>alert", "<img src=x", `"><img`, `"><script`} {
 			require.NotContains(t, body, raw, "page %s", p)
 		}
 	}
+	// The schedules page shows the schedule's name and job type, as text.
+	schedules := u.page("/schedules")
+	require.Contains(t, schedules, `<th scope="row">&lt;img src=x onerror=alert(4)&gt;`)
+	require.Contains(t, schedules, `<td class="jtype">&#34;&gt;&lt;script&gt;alert(5)&lt;/script&gt;</td>`)
+	require.Contains(t, schedules, `jobs of &#34;&gt;&lt;script&gt;alert(5)&lt;/script&gt;</a>`)
 	detail := u.page("/jobs/" + u.jobs.XSS[0].String())
 	require.Contains(t, detail, "&lt;script&gt;alert(&#34;type&#34;)&lt;/script&gt;")
 	require.Contains(t, detail, "&lt;img src=x onerror=alert(3)&gt;")

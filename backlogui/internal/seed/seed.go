@@ -29,13 +29,20 @@ const (
 	Schedule     = "hourly-digest"
 )
 
-// XSS payloads, carried by one failing job's type, args, tags and error.
+// XSS payloads, carried by one failing job's type, args, tags and error,
+// and by a schedule's name and job type.
 const (
-	XSSType  = `<script>alert("type")</script>`
-	XSSArg   = `"><img src=x onerror=alert(1)>`
-	XSSTag   = `<script>alert(2)</script>`
-	XSSError = `<img src=x onerror=alert(3)>`
+	XSSType         = `<script>alert("type")</script>`
+	XSSArg          = `"><img src=x onerror=alert(1)>`
+	XSSTag          = `<script>alert(2)</script>`
+	XSSError        = `<img src=x onerror=alert(3)>`
+	XSSSchedule     = `<img src=x onerror=alert(4)>`
+	XSSScheduleType = `"><script>alert(5)</script>`
 )
+
+// xssCron plans the XSS schedule on 29 February only, so that it never
+// enqueues a job during a test (its job type is not worked).
+const xssCron = "0 0 29 2 *"
 
 // Worked are the types the seed's Work call handles.
 var Worked = []string{TypeOK, TypeFail, TypeSlow, TypePausable, XSSType}
@@ -153,5 +160,8 @@ func Enqueue(ctx context.Context, q *backlog.Queue, n int) (*Jobs, error) {
 		return nil, err
 	}
 	j.Paused = p[0]
+	if err := q.Cron(XSSSchedule, xssCron, XSSScheduleType, map[string]any{"html": XSSArg}); err != nil {
+		return nil, err
+	}
 	return j, q.Every(Schedule, time.Hour, TypeLater, map[string]any{"digest": "hourly"})
 }
