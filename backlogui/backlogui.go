@@ -4,16 +4,19 @@
 // pause types. It is built only on the operator API of *backlog.Queue.
 //
 // Mount it under any prefix of your own mux, behind your own
-// authentication:
+// authentication, and name the host it is reached by:
 //
 //	ui := backlogui.NewHandler(q, backlogui.WithBasePath("/admin/queue"),
+//		backlogui.WithAllowedHosts("ops.example.com"),
 //		backlogui.WithAuthorize(func(r *http.Request, action string) error { … }))
 //	mux.Handle("/admin/queue/", requireAdmin(ui))
 //
 // The handler is safe for concurrent use. Pages are server-rendered HTML
 // with a small embedded script (no CDN, no inline script); every action is
 // a POST checked for a CSRF token and a same-origin request; GET requests
-// never change anything.
+// never change anything. It answers only requests for localhost, loopback
+// addresses, the address a request arrived at and the names given with
+// WithAllowedHosts, which defeats DNS rebinding.
 package backlogui
 
 import (
@@ -56,6 +59,7 @@ type config struct {
 	logger    *slog.Logger
 	poll      time.Duration
 	origins   []string
+	hosts     []string
 }
 
 // WithBasePath sets the path prefix the handler is mounted under (e.g.
@@ -101,6 +105,22 @@ func WithTrustedOrigins(origins ...string) Option {
 	return optionFunc(func(c *config) { c.origins = append(c.origins, origins...) })
 }
 
+// WithAllowedHosts adds names the dashboard answers under, beyond those it
+// always answers: localhost, loopback addresses and the IP address a
+// request arrived at, at any port. Give the names people reach it by when
+// they are not these, e.g. behind a proxy that passes the Host header on:
+// "ops.example.com" (at any port), "ops.example.com:8443" (at that port
+// only), "10.0.0.7". "*" answers any host; use it only behind a proxy
+// that checks the Host itself. A request for another host gets 421
+// Misdirected Request with neither a page nor a cookie nor a token, which
+// defeats DNS rebinding: a page of another site whose name an attacker
+// points at the dashboard's address. This holds with and without
+// WithAuthorize. An entry that is not a host name or IP address,
+// optionally with a port, makes NewHandler panic. Defaults to none.
+func WithAllowedHosts(hosts ...string) Option {
+	return optionFunc(func(c *config) { c.hosts = append(c.hosts, hosts...) })
+}
+
 // DefaultRefreshInterval is how often open pages refresh by default.
 const DefaultRefreshInterval = 2 * time.Second
 
@@ -118,6 +138,9 @@ type handler struct {
 	mux    *http.ServeMux
 	pages  *pages
 	cop    *http.CrossOriginProtection
+
+	hosts   []hostRule // WithAllowedHosts, beyond loopback and the local address
+	anyHost bool       // WithAllowedHosts("*")
 }
 
 // NewHandler returns the dashboard for q.
@@ -139,6 +162,17 @@ func NewHandler(q *backlog.Queue, opts ...Option) http.Handler {
 			panic("backlogui: WithTrustedOrigins: " + err.Error())
 		}
 	}
+	for _, s := range cfg.hosts {
+		if s == "*" {
+			h.anyHost = true
+			continue
+		}
+		rule, err := parseHostRule(s)
+		if err != nil {
+			panic("backlogui: WithAllowedHosts: " + err.Error())
+		}
+		h.hosts = append(h.hosts, rule)
+	}
 	static, _ := fs.Sub(assetsFS, "assets")
 	files := http.FileServerFS(static)
 	h.mux.Handle("GET /assets/", http.StripPrefix("/assets", cacheFor(time.Hour, files)))
@@ -156,8 +190,9 @@ func NewHandler(q *backlog.Queue, opts ...Option) http.Handler {
 	return h
 }
 
-// ServeHTTP strips the base path (when the request still has it), sets the
-// security headers and routes.
+// ServeHTTP sets the security headers, refuses hosts it does not serve
+// (host.go), strips the base path (when the request still has it) and
+// routes.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd := w.Header()
 	hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "+
@@ -165,6 +200,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd.Set("X-Content-Type-Options", "nosniff")
 	hd.Set("Referrer-Policy", "same-origin")
 	hd.Set("X-Frame-Options", "DENY")
+	if !h.hostAllowed(r) {
+		h.refuseHost(w, r)
+		return
+	}
 	if h.cfg.base != "" && (r.URL.Path == h.cfg.base || strings.HasPrefix(r.URL.Path, h.cfg.base+"/")) {
 		r2 := new(http.Request)
 		*r2 = *r

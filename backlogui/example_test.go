@@ -20,6 +20,7 @@ func ExampleNewHandler() {
 
 	ui := backlogui.NewHandler(q,
 		backlogui.WithBasePath("/admin/queue"),
+		backlogui.WithAllowedHosts("ops.example.com"), // the name it is reached by, beyond localhost
 		backlogui.WithAuthorize(func(r *http.Request, action string) error {
 			if !isOnCall(r) {
 				return errors.New("only on-call engineers may " + action)

@@ -77,7 +77,8 @@ func TestMeasurePages(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT id::text FROM `+s+`.job_history WHERE state = 'failed' ORDER BY finished_at LIMIT 1`).Scan(&old))
 	t.Logf("seeded %d finished and 10,000 live jobs in %s", rows, time.Since(start).Round(time.Second))
 
-	h := backlogui.NewHandler(q, backlogui.WithLogger(quiet()))
+	// httptest.NewRequest's Host is example.com.
+	h := backlogui.NewHandler(q, backlogui.WithLogger(quiet()), backlogui.WithAllowedHosts("example.com"))
 	pages := []string{"/", "/?range=day", "/jobs", "/jobs?state=failed", "/jobs?state=failed&error=timeout+77",
 		"/jobs?type=type.3", "/jobs?state=available&type=type.3", "/jobs?okey=" + seed.ChainKey,
 		"/jobs/" + old, "/jobs/" + jobs.DAGMid.String(), "/jobs/" + jobs.Chain[1].String(),

@@ -22,9 +22,10 @@ const uiShutdownTimeout = 5 * time.Second
 
 func (a *app) uiCommand() *cobra.Command {
 	var (
-		addr     string
-		readOnly bool
-		basePath string
+		addr         string
+		readOnly     bool
+		basePath     string
+		allowedHosts []string
 	)
 	cmd := &cobra.Command{
 		Use:   "ui",
@@ -32,10 +33,19 @@ func (a *app) uiCommand() *cobra.Command {
 		Long: `Serve the web dashboard (backlogui) on --addr until SIGINT or SIGTERM.
 
 It has no authentication: it binds to loopback by default, and warns when
---addr is not a loopback address. --read-only hides and refuses actions.`,
+--addr is not a loopback address. --read-only hides and refuses actions.
+
+Against DNS rebinding (a page of another site whose name is pointed at
+this address), it answers only requests for localhost, loopback addresses,
+the address a request arrived at and the host name --addr gives; others
+get 421 Misdirected Request. --allowed-host adds names, e.g. a proxy's.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkAddr(addr); err != nil {
+				return err
+			}
+			hosts, err := uiHosts(addr, allowedHosts)
+			if err != nil {
 				return err
 			}
 			base := strings.TrimRight(basePath, "/")
@@ -59,7 +69,8 @@ It has no authentication: it binds to loopback by default, and warns when
 				fmt.Fprintf(a.stderr, "backlog: warning: the dashboard listens on %s, not loopback, without authentication\n", ln.Addr())
 			}
 			log := slog.New(slog.NewTextHandler(a.stderr, nil))
-			h := backlogui.NewHandler(q, backlogui.WithBasePath(base), backlogui.WithReadOnly(readOnly), backlogui.WithLogger(log))
+			h := backlogui.NewHandler(q, backlogui.WithBasePath(base), backlogui.WithReadOnly(readOnly), backlogui.WithLogger(log),
+				backlogui.WithAllowedHosts(hosts...))
 			mux := http.NewServeMux()
 			if base == "" {
 				mux.Handle("/", h)
@@ -92,6 +103,7 @@ It has no authentication: it binds to loopback by default, and warns when
 	f.StringVar(&addr, "addr", "127.0.0.1:8080", "HOST:PORT to listen on (loopback by default; the dashboard has no authentication)")
 	f.BoolVar(&readOnly, "read-only", false, "hide and refuse actions (retry, cancel, delete, pause, resume)")
 	f.StringVar(&basePath, "base-path", "", "serve under this path prefix, e.g. /admin/queue")
+	f.StringSliceVar(&allowedHosts, "allowed-host", nil, "also answer requests for this host name, or host:port (repeat or comma-separate; * for any)")
 	return cmd
 }
 
@@ -103,6 +115,26 @@ func checkAddr(addr string) error {
 		}
 	}
 	return usagef("--addr %q: want HOST:PORT, e.g. 127.0.0.1:8080", addr)
+}
+
+// uiHosts is what the dashboard answers besides loopback and the address a
+// request arrived at: the --allowed-host names, and the host --addr names
+// when it is a name (an IP address is covered already). A bad
+// --allowed-host is a usage error.
+func uiHosts(addr string, allowed []string) (hosts []string, err error) {
+	hosts = append(hosts, allowed...)
+	if host, _, _ := net.SplitHostPort(addr); host != "" && net.ParseIP(host) == nil {
+		hosts = append(hosts, host)
+	}
+	// NewHandler panics on a bad entry, as on a bad trusted origin; check
+	// them before connecting, with a handler that serves nothing.
+	defer func() {
+		if p := recover(); p != nil {
+			err = usagef("--allowed-host: %s", strings.TrimPrefix(fmt.Sprint(p), "backlogui: WithAllowedHosts: "))
+		}
+	}()
+	backlogui.NewHandler(nil, backlogui.WithAllowedHosts(hosts...))
+	return hosts, nil
 }
 
 // serveURL is the dashboard's URL: the listener's address, with localhost
