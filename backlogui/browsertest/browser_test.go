@@ -10,9 +10,12 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +23,7 @@ import (
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/emulation"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
@@ -110,8 +114,11 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(srv.Close)
 	e.url = srv.URL
 
+	// The foreign names resolve to the dashboard's address, as an
+	// attacker's DNS would make them (DNS rebinding).
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.DisableGPU, chromedp.WindowSize(1280, 800))
+		chromedp.DisableGPU, chromedp.WindowSize(1280, 800),
+		chromedp.Flag("host-resolver-rules", "MAP "+foreignHost+" 127.0.0.1, MAP "+proxyHost+" 127.0.0.1"))
 	actx, cancelA := chromedp.NewExecAllocator(ctx, opts...)
 	t.Cleanup(cancelA)
 	bctx, cancelB := chromedp.NewContext(actx)
@@ -125,8 +132,8 @@ func newEnv(t *testing.T) *env {
 			if err != nil {
 				return
 			}
-			if strings.HasSuffix(m.URL, notFoundPath) {
-				continue // the 404 page, opened on purpose
+			if strings.HasSuffix(m.URL, notFoundPath) || strings.Contains(m.URL, "//"+foreignHost+":") {
+				continue // the 404 page and the refused host, opened on purpose
 			}
 			if m.Type == chromedp.ConsoleError || m.IsException() || m.Type == chromedp.ConsoleWarning && m.Source == "security" {
 				e.record(m.String() + " " + m.URL)
@@ -203,13 +210,38 @@ func (e *env) open(path string) {
 	e.run(chromedp.Navigate(e.url+path), chromedp.WaitReady(chromedp.CSS("main")))
 }
 
+// text returns the text of the first element matching sel, once there is
+// one. It reads it in one script: the live refresh may replace the element
+// between a DevTools query and a read by node ID ("No node with given
+// id").
 func (e *env) text(sel string) string {
 	e.t.Helper()
-	s, err := chromedp.Run(e.ctx, chromedp.TextContent(chromedp.CSS(sel)))
-	if err != nil {
-		e.t.Fatalf("browser: text of %s: %v", sel, err)
+	q := "document.querySelector(" + strconv.Quote(sel) + ")"
+	ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)
+	defer cancel()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](q+" !== null")); err != nil {
+		e.t.Fatalf("browser: waiting for %s: %v", sel, err)
 	}
-	return strings.TrimSpace(s)
+	return strings.TrimSpace(eval[string](e, "("+q+" || {textContent: ''}).textContent"))
+}
+
+// click clicks the first element matching sel. When the live refresh
+// replaced it between chromedp finding it and clicking it ("No node with
+// given id"), no click was sent, so it tries again.
+func (e *env) click(sel string) {
+	e.t.Helper()
+	for i := 0; ; i++ {
+		ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)
+		err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(sel)))
+		cancel()
+		if err == nil {
+			return
+		}
+		if i < 5 && strings.Contains(err.Error(), "node with given id") {
+			continue
+		}
+		e.t.Fatalf("browser: click %s: %v", sel, err)
+	}
 }
 
 // eval evaluates a JavaScript expression in the page.
@@ -246,6 +278,13 @@ func (e *env) screenshot(full bool) []byte {
 
 // notFoundPath is a page that does not exist.
 const notFoundPath = "/no-such-page"
+
+// foreignHost is another site's name that resolves to the dashboard's
+// address; proxyHost is one the dashboard is told to answer.
+const (
+	foreignHost = "rebind.evil.test"
+	proxyHost   = "ops.example.test"
+)
 
 // artifacts is where screenshots go (git-ignored).
 const artifacts = "artifacts"
@@ -290,6 +329,7 @@ func TestDashboard(t *testing.T) {
 	t.Run("job detail with dependency graph", e.jobGraph)
 	t.Run("pause a type", e.pauseType)
 	t.Run("XSS payloads render as text", e.xss)
+	t.Run("a foreign host is refused (DNS rebinding)", e.rebinding)
 	t.Run("keyboard navigation", e.keyboard)
 	t.Run("screenshots of every page", e.screenshots)
 	t.Run("no console errors", func(*testing.T) { e.noConsoleErrors() })
@@ -305,6 +345,12 @@ func (e *env) overview(t *testing.T) {
 	}
 	if got := e.text(`tr[data-type="` + seed.TypePaused + `"] .badge-paused`); got != "paused" {
 		t.Errorf("overview: %s not shown paused (%q)", seed.TypePaused, got)
+	}
+	if got, want := e.text(".top .schema"), "schema "+e.q.Schema(); got != want {
+		t.Errorf("overview: the header names %q, want %q", got, want)
+	}
+	if got, want := eval[string](e, `document.title`), "Overview · "+e.q.Schema()+" · backlog"; got != want {
+		t.Errorf("overview: title %q, want %q", got, want)
 	}
 	// The counts refresh on their own.
 	_, err := e.q.Enqueue(context.Background(), seed.TypeEmail, nil)
@@ -322,7 +368,8 @@ func (e *env) retryFailed(t *testing.T) {
 	}
 	// Select two rows, let the list refresh, and see the selection kept.
 	other := `tr[data-id="` + e.jobs.Failed[1].String() + `"] input[name="id"]`
-	e.run(chromedp.Click(chromedp.CSS(row+` input[name="id"]`)), chromedp.Click(chromedp.CSS(other)))
+	e.click(row + ` input[name="id"]`)
+	e.click(other)
 	eval[int](e, `window.__refreshed = 0; document.addEventListener("backlog:refreshed", () => window.__refreshed++); 0`)
 	if _, err := chromedp.Run(e.ctx, chromedp.Poll[bool](`window.__refreshed >= 1`, chromedp.WithPollingTimeout(10*time.Second))); err != nil {
 		t.Fatalf("no live refresh: %v", err)
@@ -330,8 +377,9 @@ func (e *env) retryFailed(t *testing.T) {
 	if !eval[bool](e, `document.querySelector('`+row+` input[name="id"]').checked`) {
 		t.Fatal("the selection was lost by the live refresh")
 	}
-	e.run(chromedp.Click(chromedp.CSS(other))) // unselect it again: retry only one
-	e.run(chromedp.Click(chromedp.CSS(`button[form="sel"][value="retry"]`)), chromedp.WaitVisible(chromedp.CSS(`.flash-ok`)))
+	e.click(other) // unselect it again: retry only one
+	e.click(`button[form="sel"][value="retry"]`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(`.flash-ok`)))
 	if got := e.text(".flash-ok"); got != "retry: 1 job(s) done." {
 		t.Errorf("flash %q", got)
 	}
@@ -351,8 +399,8 @@ func (e *env) jobGraph(t *testing.T) {
 	e.shoot("job-graph")
 	e.docShot("job.png", true)
 	// Click the prerequisite: it has two dependents.
-	e.run(chromedp.Click(chromedp.CSS(`svg.graph a.gnode[href$="`+e.jobs.DAGRoot.String()+`"] rect`)),
-		chromedp.WaitVisible(chromedp.Search(`//p[contains(., "`+e.jobs.DAGRoot.String()+`")]`)))
+	e.click(`svg.graph a.gnode[href$="` + e.jobs.DAGRoot.String() + `"] rect`)
+	e.run(chromedp.WaitVisible(chromedp.Search(`//p[contains(., "` + e.jobs.DAGRoot.String() + `")]`)))
 	if n := eval[int](e, `document.querySelectorAll('svg.graph a.gnode').length`); n != 3 {
 		t.Errorf("graph of the root: %d nodes, want 3 (itself, two dependents)", n)
 	}
@@ -365,8 +413,8 @@ func (e *env) jobGraph(t *testing.T) {
 func (e *env) pauseType(t *testing.T) {
 	ctx := context.Background()
 	e.open("/types")
-	e.run(chromedp.Click(chromedp.CSS(`tr[data-type="`+seed.TypePausable+`"] button[value="pause"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`tr[data-type="`+seed.TypePausable+`"] button[value="resume"]`)))
+	e.click(`tr[data-type="` + seed.TypePausable + `"] button[value="pause"]`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(`tr[data-type="` + seed.TypePausable + `"] button[value="resume"]`)))
 	paused, err := e.q.Paused(ctx)
 	must(t, err)
 	found := false
@@ -388,8 +436,8 @@ func (e *env) pauseType(t *testing.T) {
 	if s := e.state(held); s != backlog.StateAvailable {
 		t.Fatalf("a job of the paused type is %s", s)
 	}
-	e.run(chromedp.Click(chromedp.CSS(`tr[data-type="`+seed.TypePausable+`"] button[value="resume"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`tr[data-type="`+seed.TypePausable+`"] button[value="pause"]`)))
+	e.click(`tr[data-type="` + seed.TypePausable + `"] button[value="resume"]`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(`tr[data-type="` + seed.TypePausable + `"] button[value="pause"]`)))
 	e.waitState(held, backlog.StateCompleted)
 }
 
@@ -408,7 +456,13 @@ func (e *env) xss(t *testing.T) {
 	if got := e.text(".errtext"); got != "permanent: "+seed.XSSError {
 		t.Errorf("error shown as %q", got)
 	}
-	for _, p := range []string{"/jobs/" + id, "/jobs?state=failed", "/", "/types", "/processes"} {
+	// The schedule's name and job type on the schedules page.
+	e.open("/schedules")
+	if got := eval[[]string](e, `Array.from(document.querySelectorAll('table.schedules tbody tr'), r => r.querySelector('th').textContent.trim() + " | " + r.querySelector('.jtype').textContent)`); !slices.Contains(got, seed.XSSSchedule+" | "+seed.XSSScheduleType) {
+		t.Errorf("schedules shown as %q, want a row %q", got, seed.XSSSchedule+" | "+seed.XSSScheduleType)
+	}
+	for _, p := range []string{"/jobs/" + id, "/jobs?state=failed", "/", "/types", "/processes", "/schedules",
+		"/jobs?tags=" + url.QueryEscape("x="+seed.XSSTag), "/jobs/confirm?action=retry&type=" + url.QueryEscape(seed.XSSType)} {
 		e.open(p)
 		imgs, scripts := eval[int](e, `document.querySelectorAll('img').length`), eval[int](e, `document.scripts.length`)
 		if imgs != 0 || scripts != 1 {
@@ -422,6 +476,74 @@ func (e *env) xss(t *testing.T) {
 			t.Errorf("a dialog opened: %s", c)
 		}
 	}
+}
+
+// rebinding replays DNS rebinding in the browser: a page of another site
+// whose name now resolves to the dashboard's address. The dashboard must
+// answer it 421 with neither a page nor a cookie nor a token, so that a
+// script of that site can neither read it nor act, while a name it is
+// told to answer (WithAllowedHosts, as behind a proxy) and localhost work.
+func (e *env) rebinding(t *testing.T) {
+	ctx := context.Background()
+	u, err := url.Parse(e.url)
+	must(t, err)
+	port := u.Port()
+	foreign := "http://" + foreignHost + ":" + port
+	resp, err := chromedp.Run(e.ctx, chromedp.NavigateResponse(foreign+"/types"))
+	must(t, err)
+	if resp.Status != 421 {
+		t.Errorf("%s/types: status %d, want 421", foreign, resp.Status)
+	}
+	if body := eval[string](e, `document.body.innerText`); !strings.Contains(body, "does not answer") {
+		t.Errorf("%s/types shows %.200q…", foreign, body)
+	}
+	if n := eval[int](e, `document.querySelectorAll('form, input').length`); n != 0 {
+		t.Errorf("%s/types has %d forms or inputs", foreign, n)
+	}
+	_, err = chromedp.Run(e.ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		r, err := cdp.Call(ctx, tg, network.GetCookies, network.GetCookiesParams{URLs: []string{foreign + "/"}})
+		if err != nil {
+			return err
+		}
+		for _, c := range r.Cookies {
+			t.Errorf("%s set the cookie %s", foreign, c.Name)
+		}
+		return nil
+	}))
+	must(t, err)
+	// The foreign page's script tries its best: read a page for a token,
+	// then post the action with it.
+	status, err := chromedp.Run(e.ctx, chromedp.Evaluate[string](`fetch("/types").then(r => r.text()).then(html => {
+		const m = html.match(/name="csrf" value="([^"]+)"/);
+		const body = new URLSearchParams({action: "pause", type: "`+seed.TypeOK+`", csrf: m ? m[1] : ""});
+		return fetch("/types/action", {method: "POST", body, redirect: "manual"});
+	}).then(r => String(r.status))`, chromedp.EvalAwaitPromise))
+	must(t, err)
+	if status != "421" {
+		t.Errorf("the foreign page's POST got %s, want 421", status)
+	}
+	paused, err := e.q.Paused(ctx)
+	must(t, err)
+	for _, p := range paused {
+		if p.Type == seed.TypeOK {
+			t.Fatalf("a page of %s paused %s", foreignHost, seed.TypeOK)
+		}
+	}
+
+	// localhost is answered.
+	e.run(chromedp.Navigate("http://localhost:"+port+"/types"), chromedp.WaitVisible(chromedp.CSS(`tr[data-type="`+seed.TypeOK+`"]`)))
+
+	// A name the dashboard is told to answer works, actions included.
+	srv := httptest.NewServer(backlogui.NewHandler(e.q, backlogui.WithLogger(quiet()), backlogui.WithAllowedHosts(proxyHost)))
+	defer srv.Close()
+	pu, err := url.Parse(srv.URL)
+	must(t, err)
+	row := `tr[data-type="` + seed.TypeOK + `"]`
+	e.run(chromedp.Navigate("http://" + proxyHost + ":" + pu.Port() + "/types"))
+	e.click(row + ` button[value="pause"]`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(row + ` button[value="resume"]`)))
+	e.click(row + ` button[value="resume"]`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(row + ` button[value="pause"]`)))
 }
 
 func (e *env) screenshots(t *testing.T) {
