@@ -3,6 +3,7 @@ package backlog
 import (
 	"context"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -21,6 +22,12 @@ type acquirerStore interface {
 	claim(ctx context.Context, d *domainSpec, k, now int) (claimResult, error)
 	// release gives back jobs that were claimed but that no acquiree took.
 	release(jobs []*Job)
+	// holdBack stops the jobs of types that were handed to acquirees but
+	// whose handlers have not begun (they give them back).
+	holdBack(types []string)
+	// flowChanges returns the current flow epoch and the types paused or
+	// whose limits were tightened after epoch since.
+	flowChanges(ctx context.Context, since int64) (int64, []string, error)
 }
 
 // claimResult is what one claim took.
@@ -45,6 +52,12 @@ const extraClaimMax = 16
 // waits before it looks again, announced or not.
 const limitedPoll = time.Second
 
+// flowWatch is how often a process that holds prefetched jobs asks the
+// database whether types were paused or limits tightened since it last
+// asked (flow epochs, migration 15), so that it gives back the jobs those
+// hold back even when the NOTIFY that says so is lost.
+const flowWatch = time.Second
+
 // acquirer hands claimed jobs to workers ("acquirees").
 //
 // Acquirees that want the same job types with the same worker tags form a
@@ -67,6 +80,15 @@ const limitedPoll = time.Second
 // them; a handler's timeout starts when it starts); they are given back
 // when the last Work call leaves the domain (leave) or the acquirer
 // closes.
+//
+// A pause or a tightened limit (drop) takes the jobs of its types out of
+// every buffer, stops those handed out whose handlers have not begun, and
+// makes a claim that was in flight meanwhile give back what it took
+// (drops counts them per domain): its statement may have run under the
+// old rules. So once Pause or SetLimit returns, no handler of the type
+// begins in this process but on a job claimed under the new rules. Other
+// processes drop on the NOTIFY, and within flowWatch when it is lost: a
+// process holding prefetched jobs reads the flow epoch every flowWatch.
 //
 // A claim that returns fewer jobs than asked parks the domain: no query runs
 // for it until a matching posting arrives (post) or its jittered backup poll
@@ -99,6 +121,15 @@ type acquirer struct {
 	mu      sync.Mutex
 	domains map[string]*domain
 	closed  bool
+	flow    flowState
+}
+
+// flowState is what the acquirer knows of the flow epoch (see flowWatch).
+type flowState struct {
+	epoch    int64     // the last epoch read: changes after it are news
+	known    bool      // epoch was read (until then every type changed ever is news)
+	watch    *acqTimer // the next read, armed while a buffer holds jobs
+	watching bool      // a read is in flight
 }
 
 type domain struct {
@@ -111,6 +142,7 @@ type domain struct {
 	pending  bool          // woken while querying: query again
 	extra    bool          // an extra claim (extraClaim) is in flight
 	extraK   int           // how many jobs it asked for
+	drops    int           // drops that concerned the domain's types: a claim in flight across one gives its jobs back
 	short    bool          // the last claim came back short and unlimited: no backlog
 	posted   int           // postings since the loop's claim started
 	slots    bool          // a claim took jobs holding slots of a limit: no extra claims
@@ -301,6 +333,7 @@ func (a *acquirer) claimLoop(d *domain) {
 		d.pending, d.posted = false, 0
 		started := time.Now()
 		d.startClaimLocked(started, len(d.waiters))
+		drops := d.drops
 		a.mu.Unlock()
 
 		res, err := a.claim(d, k, wanted)
@@ -309,17 +342,24 @@ func (a *acquirer) claimLoop(d *domain) {
 		a.mu.Lock()
 		now := time.Now()
 		d.claimedLocked(now.Sub(started))
+		var surplus []*Job // if the acquirer closed, or a drop came, during the claim
+		if d.drops != drops {
+			// A pause or a tightened limit came while the statement ran,
+			// perhaps under the old rules: give everything back and ask
+			// again under the new ones.
+			surplus, jobs = jobs, nil
+			d.pending = true
+		}
 		n := a.handOutLocked(d, jobs, now)
 		if !d.extra {
 			d.answerGoneLocked()
 		}
-		d.short = err == nil && len(jobs) < k && res.limited == store.LimitedNone
+		d.short = err == nil && len(jobs) < k && res.limited == store.LimitedNone && d.drops == drops
 		d.slots = d.slots || holdsSlots(jobs)
-		var surplus []*Job // only if the acquirer closed during the claim
 		if a.closed {
-			surplus = jobs[n:]
+			surplus = append(surplus, jobs[n:]...)
 		} else {
-			d.putLocked(jobs[n:])
+			a.bufferLocked(d, jobs[n:])
 		}
 
 		switch {
@@ -496,36 +536,40 @@ func (a *acquirer) maybeExtraLocked(d *domain) {
 	d.extra, d.extraK = true, k
 	d.pending = false // the extra claim's snapshot sees what was posted
 	a.wg.Add(1)
-	go a.extraClaim(d, k)
+	go a.extraClaim(d, k, d.drops)
 }
 
 // extraClaim runs one extra claim (maybeExtraLocked) and hands out what
 // it took. What follows is left to the domain's claim loop when it still
 // runs: told to query again (pending) when the extra claim came back full
 // or failed. When the loop has ended meanwhile, the extra claim does what
-// the loop would have.
-func (a *acquirer) extraClaim(d *domain, k int) {
+// the loop would have. drops is the domain's drop count when it started.
+func (a *acquirer) extraClaim(d *domain, k, drops int) {
 	defer a.wg.Done()
 	res, err := a.claim(d, k, k)
 	jobs := res.jobs
 	a.mu.Lock()
 	d.extra, d.extraK = false, 0
-	n := a.handOutLocked(d, jobs, time.Now())
 	var surplus []*Job
+	dropped := d.drops != drops
+	if dropped { // see claimLoop
+		surplus, jobs = jobs, nil
+	}
+	n := a.handOutLocked(d, jobs, time.Now())
 	if a.closed || d.targetLocked() == 0 || holdsSlots(jobs) {
 		// Jobs no waiter took (the loop's claim served them meanwhile)
 		// go back unless the domain keeps a buffer: a leased job must not
 		// wait in a buffer nobody sized, nor hold a limit's slot there.
-		surplus = jobs[n:]
+		surplus = append(surplus, jobs[n:]...)
 	} else {
-		d.putLocked(jobs[n:])
+		a.bufferLocked(d, jobs[n:])
 	}
 	d.slots = d.slots || holdsSlots(jobs)
 	full := err == nil && len(jobs) == k
 	if full {
 		d.short = false // a backlog, perhaps: the loop's claims take it
 	}
-	again := err != nil || full || res.skipped || res.limited != store.LimitedNone
+	again := err != nil || full || dropped || res.skipped || res.limited != store.LimitedNone
 	if d.querying {
 		// The loop goes on, told to query again when this claim saw more
 		// (or failed); it answers the waiters whose contexts ended.
@@ -640,11 +684,11 @@ func (a *acquirer) stopTimer(p **acqTimer) {
 
 // post wakes every domain the posting matches (same rule as the claim's
 // SQL). A posting of scheduled jobs goes to scheduled instead; one of
-// paused types makes the domains give back their prefetched jobs of those
-// types.
+// paused types, or of types whose limits were tightened, drops their
+// prefetched jobs.
 func (a *acquirer) post(p posting) {
-	if len(p.Pause) > 0 {
-		a.dropPaused(p.Pause)
+	if len(p.Hold) > 0 {
+		a.drop(p.Hold)
 		return
 	}
 	if p.Sched {
@@ -662,11 +706,19 @@ func (a *acquirer) post(p posting) {
 	}
 }
 
-// dropPaused gives back the buffered jobs of the given types.
-func (a *acquirer) dropPaused(types []string) {
+// drop makes a pause, or tightened limits, of the given types bind the
+// jobs this process claimed before it (see the acquirer's doc): it gives
+// back their buffered jobs, makes claims in flight of their domains give
+// back what they took, and stops those handed out whose handlers have
+// not begun.
+func (a *acquirer) drop(types []string) {
 	var back []*Job
 	a.mu.Lock()
 	for _, d := range a.domains {
+		if !slices.ContainsFunc(types, func(t string) bool { _, ok := slices.BinarySearch(d.spec.types, t); return ok }) {
+			continue
+		}
+		d.drops++
 		keep := d.buf[:0]
 		for _, j := range d.buf {
 			if slices.Contains(types, j.Type) {
@@ -679,7 +731,82 @@ func (a *acquirer) dropPaused(types []string) {
 		d.buf = keep
 	}
 	a.mu.Unlock()
+	a.store.holdBack(types)
 	a.store.release(back)
+}
+
+// bufferLocked adds jobs no acquiree took to d's buffer, and has the flow
+// epoch watched while it holds them.
+func (a *acquirer) bufferLocked(d *domain, jobs []*Job) {
+	d.prefetch.putLocked(jobs)
+	if len(d.buf) > 0 && a.flow.watch == nil && !a.flow.watching {
+		a.flow.watch = a.afterFuncLocked(flowWatch, a.watchFlowLocked)
+	}
+}
+
+// watchFlowLocked reads the flow epoch when a buffer holds jobs, and
+// drops the jobs of the types changed since the last read (see
+// flowWatch). It re-arms itself while buffers hold jobs.
+func (a *acquirer) watchFlowLocked(t *acqTimer) {
+	if a.flow.watch != t {
+		return
+	}
+	a.flow.watch = nil
+	if !a.bufferedLocked() {
+		return
+	}
+	a.flow.watching = true
+	since := a.flow.epoch
+	a.wg.Add(1)
+	go func() { // awaited by close (a.wg)
+		defer a.wg.Done()
+		epoch, types, err := a.store.flowChanges(a.ctx, since)
+		if err == nil && len(types) > 0 {
+			a.drop(types)
+		}
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.flow.watching = false
+		switch {
+		case err != nil && a.ctx.Err() == nil:
+			a.log.Warn("backlog: reading flow-control changes failed; retrying", "in", flowWatch, "err", err)
+		case err == nil:
+			a.flow.epoch, a.flow.known = max(a.flow.epoch, epoch), true
+		}
+		if !a.closed && a.bufferedLocked() && a.flow.watch == nil {
+			a.flow.watch = a.afterFuncLocked(flowWatch, a.watchFlowLocked)
+		}
+	}()
+}
+
+// bufferedLocked reports whether any domain holds prefetched jobs.
+func (a *acquirer) bufferedLocked() bool {
+	for _, d := range a.domains {
+		if len(d.buf) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// flowBaseline reads the flow epoch once, before the first claim, so that
+// the first watch drops only what changed after it (without it, the first
+// watch gives back the buffered jobs of every type ever paused or
+// limited, once). A failed read is left to that first watch.
+func (a *acquirer) flowBaseline(ctx context.Context) {
+	a.mu.Lock()
+	known := a.flow.known
+	a.mu.Unlock()
+	if known {
+		return
+	}
+	epoch, _, err := a.store.flowChanges(ctx, math.MaxInt64)
+	if err != nil {
+		return
+	}
+	a.mu.Lock()
+	a.flow.epoch, a.flow.known = max(a.flow.epoch, epoch), true
+	a.mu.Unlock()
 }
 
 // wakeAll wakes every domain, and the promoter: after the listener
@@ -717,6 +844,7 @@ func (a *acquirer) close() {
 			a.stopTimer(&d.retry)
 			buffered = append(buffered, d.drainLocked()...)
 		}
+		a.stopTimer(&a.flow.watch)
 	}
 	a.mu.Unlock()
 	// The buffers go back. A claim in flight puts nothing in its buffer

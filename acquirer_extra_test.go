@@ -44,6 +44,12 @@ func (s *scriptStore) release(jobs []*Job) {
 	s.mu.Unlock()
 }
 
+func (s *scriptStore) holdBack([]string) {}
+
+func (s *scriptStore) flowChanges(context.Context, int64) (int64, []string, error) {
+	return 0, nil, nil
+}
+
 func nextCall(t *testing.T, s *scriptStore) scriptCall {
 	t.Helper()
 	synctest.Wait()

@@ -20,19 +20,23 @@ import (
 // optional gate that holds claims until the test lets them go, and
 // injectable errors.
 type fakeStore struct {
-	mu       sync.Mutex
-	jobs     []*fakeJob
-	locked   []*fakeJob     // held by "another transaction": claims skip them
-	inFlight map[string]int // claims in flight per domain: at most 2 (the loop's and an extra one)
-	overlap  []string
-	calls    []fakeCall
-	released []*Job
-	errs     []error         // returned by the next claims, in order
-	gate     chan struct{}   // when set, each claim waits for one receive
-	gates    []chan struct{} // when set, the claim entering n-th waits for gates[n] to close (if any)
-	entries  int
-	entered  chan string   // when set, each claim reports its domain on entry
-	delay    time.Duration // each claim takes this long (fake time)
+	mu        sync.Mutex
+	jobs      []*fakeJob
+	locked    []*fakeJob     // held by "another transaction": claims skip them
+	inFlight  map[string]int // claims in flight per domain: at most 2 (the loop's and an extra one)
+	overlap   []string
+	calls     []fakeCall
+	released  []*Job
+	errs      []error         // returned by the next claims, in order
+	gate      chan struct{}   // when set, each claim waits for one receive
+	gates     []chan struct{} // when set, the claim entering n-th waits for gates[n] to close (if any)
+	entries   int
+	entered   chan string   // when set, each claim reports its domain on entry
+	delay     time.Duration // each claim takes this long (fake time)
+	heldBack  [][]string    // holdBack calls
+	flow      map[string]int64
+	flowEpoch int64
+	flowReads int
 }
 
 type fakeJob struct {
@@ -157,6 +161,39 @@ func (f *fakeStore) release(jobs []*Job) {
 	for _, j := range jobs {
 		f.jobs = append(f.jobs, &fakeJob{job: j, dueAt: time.Now()})
 	}
+}
+
+// holdBack records the types the acquirer held back.
+func (f *fakeStore) holdBack(types []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.heldBack = append(f.heldBack, types)
+}
+
+// flowChanges answers from the scripted flow epochs (changeFlow).
+func (f *fakeStore) flowChanges(_ context.Context, since int64) (int64, []string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.flowReads++
+	var types []string
+	for t, e := range f.flow {
+		if e > since {
+			types = append(types, t)
+		}
+	}
+	return f.flowEpoch, types, nil
+}
+
+// changeFlow records a pause or a tightened limit of typ under a new flow
+// epoch, as SetLimit and Pause do in the database (no notification).
+func (f *fakeStore) changeFlow(typ string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.flowEpoch++
+	if f.flow == nil {
+		f.flow = map[string]int64{}
+	}
+	f.flow[typ] = f.flowEpoch
 }
 
 func (f *fakeStore) callCount() int {

@@ -37,10 +37,11 @@ func (c *claimer) claim(ctx context.Context, d *domainSpec, k, now int) (claimRe
 	}
 	ids := make([]uuid.UUID, len(res.Jobs))
 	tokens := make([]uuid.UUID, len(res.Jobs))
+	types := make([]string, len(res.Jobs))
 	for i, r := range res.Jobs {
-		ids[i], tokens[i] = r.ID, r.Token
+		ids[i], tokens[i], types[i] = r.ID, r.Token, r.Type
 	}
-	held := c.leases.add(ids, tokens, sentAt)
+	held := c.leases.add(ids, tokens, types, sentAt)
 	jobs := make([]*Job, len(res.Jobs))
 	for i, r := range res.Jobs {
 		jobs[i] = &Job{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, Attempt: r.Attempt,
@@ -60,6 +61,16 @@ func (c *claimer) claim(ctx context.Context, d *domainSpec, k, now int) (claimRe
 // drift later by both. A claim that comes early finds no start allowed
 // and is told to wait the rest.
 const rateLead = 2 * time.Millisecond
+
+// holdBack stops the jobs of types handed to workers whose handlers have
+// not begun (leases.holdBack).
+func (c *claimer) holdBack(types []string) { c.leases.holdBack(types) }
+
+// flowChanges returns the flow epoch and the types paused or whose limits
+// were tightened after epoch since.
+func (c *claimer) flowChanges(ctx context.Context, since int64) (int64, []string, error) {
+	return c.store.FlowChanges(ctx, since)
+}
 
 // release gives jobs back at once, keeping their place (run_at), without
 // spending the attempt.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 // handles this Queue holds, which one heartbeat service renews.
 type heldLease struct {
 	id, token uuid.UUID
+	typ       string // the job's type (holdBack)
 	// deadline is the local (monotonic) time until which the lease is
 	// certainly ours: the send time of the last successful claim or
 	// renewal, plus the lease, minus the margin. The database's now() at
@@ -47,6 +49,11 @@ type heldLease struct {
 	progress          json.RawMessage
 	progSeq, progSent uint64
 }
+
+// errHeldBack is why a job handed to a worker is given back before its
+// handler begins: its type was paused, or its limit tightened, after it
+// was claimed (leases.holdBack).
+var errHeldBack = errors.New("backlog: held back by a pause or a tightened limit")
 
 // progressEvery is how soon after a job reports progress a renewal
 // writes it (the regular renewal, every third of a lease, writes it too
@@ -79,11 +86,11 @@ func newLeases(st *store.Store, log *slog.Logger, d time.Duration) *leases {
 func (l *leases) start() { l.run.start(l.loop) }
 func (l *leases) stop()  { l.run.stop() }
 
-// add registers the leases of freshly claimed jobs and returns their
-// handles; sentAt is when the claim was sent. A job this process still
+// add registers the leases of freshly claimed jobs of the given types and
+// returns their handles; sentAt is when the claim was sent. A job this process still
 // holds under an older token (it re-claimed the job after a stall longer
 // than the lease) loses that older lease: its handler is cancelled.
-func (l *leases) add(ids, tokens []uuid.UUID, sentAt time.Time) []*heldLease {
+func (l *leases) add(ids, tokens []uuid.UUID, types []string, sentAt time.Time) []*heldLease {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]*heldLease, len(ids))
@@ -91,7 +98,7 @@ func (l *leases) add(ids, tokens []uuid.UUID, sentAt time.Time) []*heldLease {
 		if old := l.held[id]; old != nil && old.token != tokens[i] {
 			l.loseLocked(old)
 		}
-		le := &heldLease{id: id, token: tokens[i], deadline: sentAt.Add(l.duration - l.margin)}
+		le := &heldLease{id: id, token: tokens[i], typ: types[i], deadline: sentAt.Add(l.duration - l.margin)}
 		out[i] = le
 		l.held[id] = le
 	}
@@ -188,6 +195,21 @@ func (l *leases) stopLocked(le *heldLease, cause error) {
 func (l *leases) loseLocked(le *heldLease) {
 	le.lost = true
 	l.stopLocked(le, ErrLeaseLost)
+}
+
+// holdBack stops the jobs of the given types that were handed to a worker
+// but whose handlers have not begun: begin refuses them with errHeldBack,
+// and the worker gives them back. Pause and a tightened limit call it
+// (through the acquirer's drop), so no handler of those types begins
+// after they return unless a claim made under the new rules took its job.
+func (l *leases) holdBack(types []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, le := range l.held {
+		if le.cancel == nil && !le.done && slices.Contains(types, le.typ) {
+			l.stopLocked(le, errHeldBack)
+		}
+	}
 }
 
 // cancel stops the handler of a job cancelled with Queue.Cancel, if this

@@ -79,12 +79,19 @@ func (q *Queue) SetLimit(ctx context.Context, typ string, l Limit) error {
 	if err != nil {
 		return err
 	}
-	err = q.store.SetLimit(ctx, store.LimitRow{Type: typ, Concurrency: l.Concurrency, KeyConcurrency: l.KeyConcurrency,
+	tightened, err := q.store.SetLimit(ctx, store.LimitRow{Type: typ, Concurrency: l.Concurrency, KeyConcurrency: l.KeyConcurrency,
 		Rate: l.Rate, Per: l.Per, Burst: l.Burst, RatePerKey: l.RatePerKey})
 	if err != nil {
 		return q.readErr(ctx, fmt.Errorf("setting the limit of %q: %w", typ, err))
 	}
-	q.announce.committed([]posting{{Type: typ}})
+	ps := []posting{{Type: typ}} // a raised limit: waiting jobs may start
+	if tightened {
+		// Jobs claimed ahead under the old limits go back (in this
+		// process before SetLimit returns), and are claimed again under
+		// the new ones.
+		ps = append([]posting{{Hold: []string{typ}}}, ps...)
+	}
+	q.announce.committed(ps)
 	return nil
 }
 

@@ -300,6 +300,10 @@ func migrationDownRestores(t *testing.T, version int64) {
 
 // catalog describes a schema: its functions (definitions), the columns of
 // its tables and views, and its indexes, with the schema's name blanked.
+// The day partitions of job_history are left out: how many exist depends
+// on the day and on whether their attach got its locks at once (the
+// migration leaves a busy day to the maintenance loop), not on the
+// schema's version.
 func catalog(t *testing.T, schema string) []string {
 	t.Helper()
 	rows, err := testdb.Pool(t).Query(context.Background(), `
@@ -308,9 +312,10 @@ UNION ALL
 SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull
 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
 WHERE c.relnamespace = $1::regnamespace AND a.attnum > 0 AND NOT a.attisdropped AND c.relname <> 'schema_migrations'
+  AND c.relname !~ '^job_history_p[0-9]{8}'
 UNION ALL
 SELECT 'index ' || pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-WHERE c.relnamespace = $1::regnamespace`, schema)
+WHERE c.relnamespace = $1::regnamespace AND c.relname !~ '^job_history_p[0-9]{8}'`, schema)
 	require.NoError(t, err)
 	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

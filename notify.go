@@ -287,7 +287,7 @@ func (l *listener) dispatch(payload string) {
 		}
 	case p.Src != "" && p.Src == l.self:
 		return // this Queue woke its own workers when it committed the jobs
-	case p.Type != "" || p.Sched || len(p.Pause) > 0:
+	case p.Type != "" || p.Sched || len(p.Hold) > 0:
 		l.acq.post(p)
 		return
 	}

@@ -14,9 +14,10 @@ type PausedType struct {
 
 // Pause stops every process from claiming jobs of the given types, from
 // now on: claims skip them in the database, and processes give back the
-// jobs of those types they had claimed ahead (Prefetch) as soon as they
-// hear of it (a NOTIFY; within the backup poll interval in poll-only
-// mode). Running jobs finish normally, and enqueueing goes on. Pausing is
+// jobs of those types they had claimed ahead (Prefetch) without spending
+// their attempts: the calling process before Pause returns, others when
+// its NOTIFY reaches them, and within a second in any case (poll-only
+// mode, a lost notification). Running jobs finish normally, and enqueueing goes on. Pausing is
 // durable (a row per type) and idempotent; any type may be paused, known
 // or not (Paused lists them).
 func (q *Queue) Pause(ctx context.Context, types ...string) error {
@@ -26,7 +27,7 @@ func (q *Queue) Pause(ctx context.Context, types ...string) error {
 	if _, err := q.store.Pause(ctx, types); err != nil {
 		return q.readErr(ctx, fmt.Errorf("pausing %v: %w", types, err))
 	}
-	q.announce.committed([]posting{{Pause: types}})
+	q.announce.committed([]posting{{Hold: types}})
 	return nil
 }
 

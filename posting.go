@@ -14,14 +14,17 @@ import (
 // Cancel asks the worker holding a job to stop it; Done tells waiters a job
 // has finished.
 type posting struct {
-	Type   string            `json:"type,omitempty"`
-	Tags   map[string]string `json:"tags,omitempty"`
-	Sched  bool              `json:"sched,omitempty"`
-	Src    string            `json:"src,omitempty"`   // the Queue that sent it, when it woke its own workers already
-	Pause  []string          `json:"pause,omitempty"` // types paused: give back their prefetched jobs
-	In     int64             `json:"in,omitempty"`    // Sched: milliseconds until due
-	Cancel string            `json:"cancel,omitempty"`
-	Done   string            `json:"done,omitempty"`
+	Type  string            `json:"type,omitempty"`
+	Tags  map[string]string `json:"tags,omitempty"`
+	Sched bool              `json:"sched,omitempty"`
+	Src   string            `json:"src,omitempty"` // the Queue that sent it, when it woke its own workers already
+	// Hold: types paused, or whose limits were tightened: processes give
+	// back their prefetched jobs (acquirer.drop). Named "pause" on the
+	// wire, which processes of earlier versions act on the same way.
+	Hold   []string `json:"pause,omitempty"`
+	In     int64    `json:"in,omitempty"` // Sched: milliseconds until due
+	Cancel string   `json:"cancel,omitempty"`
+	Done   string   `json:"done,omitempty"`
 }
 
 // schedKey is the coalescing key of scheduled postings: one is enough,
@@ -33,8 +36,8 @@ func (p posting) key() string {
 	if p.Sched {
 		return schedKey
 	}
-	if len(p.Pause) > 0 {
-		return "\x00pause\x00" + strings.Join(p.Pause, "\x00")
+	if len(p.Hold) > 0 {
+		return "\x00hold\x00" + strings.Join(p.Hold, "\x00")
 	}
 	return postingKey(p.Type, p.Tags)
 }

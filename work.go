@@ -88,6 +88,7 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	w := &workCall{q: q, h: h, mux: mux, cfg: cfg, spec: spec, hard: hard}
 	q.procs.join(w)
 	defer q.procs.leave(w) // after every outcome is written, before Close may go on
+	q.acq.flowBaseline(ctx)
 	q.acq.join(spec, cfg.concurrency, cfg.prefetch)
 	var workers sync.WaitGroup
 	for range cfg.concurrency {
@@ -181,6 +182,13 @@ func (w *workCall) run(job *Job) (store.Finish, error) {
 	if err := ls.begin(job.lease, cancel); err != nil {
 		if errors.Is(err, ErrCancelled) {
 			f := store.Finish{ID: job.ID, Token: job.token, State: string(StateCancelled), Err: errText(err)}
+			w.submit(job, f)
+			return f, nil
+		}
+		if errors.Is(err, errHeldBack) {
+			// Paused, or its limits tightened, since it was claimed: it
+			// goes back, to be claimed under the new rules.
+			f := releaseOf(job)
 			w.submit(job, f)
 			return f, nil
 		}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,14 +38,35 @@ func (s *Store) lockLimit(ctx context.Context, tx pgx.Tx, typ string) error {
 	return err
 }
 
-// SetLimit writes the limits of a type, replacing any it had. The bound on
-// its running jobs is forgotten: the next claim counts them.
-func (s *Store) SetLimit(ctx context.Context, l LimitRow) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+// SetLimit writes the limits of a type, replacing any it had, and reports
+// whether they may hold back jobs the old ones allowed (a new or lower
+// concurrency, a new or changed rate): such a change is recorded under a
+// new flow epoch (FlowChanges), and jobs of the type claimed ahead must be
+// given back. Writing the limits a type has already changes nothing. The
+// bound on its running jobs is forgotten: the next claim counts them.
+func (s *Store) SetLimit(ctx context.Context, l LimitRow) (tightened bool, err error) {
+	err = pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
 		if err := s.lockLimit(ctx, tx, l.Type); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO `+s.limitsTable()+` AS l
+		var old LimitRow
+		var perMS int64
+		err := tx.QueryRow(ctx, `SELECT COALESCE(concurrency, 0), COALESCE(key_concurrency, 0), COALESCE(rate, 0),
+	COALESCE(rate_period_ms, 0), COALESCE(burst, 0), rate_per_key FROM `+s.limitsTable()+` WHERE type = $1`, Mode, l.Type).
+			Scan(&old.Concurrency, &old.KeyConcurrency, &old.Rate, &perMS, &old.Burst, &old.RatePerKey)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			tightened = true
+		case err != nil:
+			return err
+		default:
+			old.Type, old.Per = l.Type, time.Duration(perMS)*time.Millisecond
+			if old == l {
+				return nil // nothing changes: no new epoch, the bound stays
+			}
+			tightened = tighter(old, l)
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO `+s.limitsTable()+` AS l
 	(type, concurrency, key_concurrency, rate, rate_period_ms, burst, rate_per_key, updated_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, now())
 ON CONFLICT (type) DO UPDATE SET concurrency = EXCLUDED.concurrency, key_concurrency = EXCLUDED.key_concurrency,
@@ -52,8 +74,45 @@ ON CONFLICT (type) DO UPDATE SET concurrency = EXCLUDED.concurrency, key_concurr
 	rate_per_key = EXCLUDED.rate_per_key, updated_at = now(), running_bound = DEFAULT`, Mode,
 			l.Type, nullInt(int64(l.Concurrency)), nullInt(int64(l.KeyConcurrency)), nullInt(int64(l.Rate)),
 			nullInt(l.Per.Milliseconds()), nullInt(int64(l.Burst)), l.RatePerKey)
-		return err
+		if err != nil || !tightened {
+			return err
+		}
+		return s.bumpFlow(ctx, tx, []string{l.Type})
 	})
+	return tightened, err
+}
+
+// tighter reports whether limits l may hold back a job that limits old
+// allowed: a concurrency (or key concurrency) that is new or lower, or a
+// rate that is new or changed in any way (a changed period or burst can
+// allow fewer starts in some window even at a higher rate).
+func tighter(old, l LimitRow) bool {
+	lower := func(o, n int) bool { return n > 0 && (o == 0 || n < o) }
+	rateChanged := l.Rate > 0 && (old.Rate != l.Rate || old.Per != l.Per || old.Burst != l.Burst || old.RatePerKey != l.RatePerKey)
+	return lower(old.Concurrency, l.Concurrency) || lower(old.KeyConcurrency, l.KeyConcurrency) || rateChanged
+}
+
+// readCommitted: SetLimit and Pause wait for the flow epoch's row lock
+// and then update the row as it is (an update under REPEATABLE READ, as a
+// pool may make its default, would fail with a serialization error).
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// bumpFlow records, in tx, a new flow epoch for types (flow_epoch's row
+// lock orders epochs by commit: see migration 15).
+func (s *Store) bumpFlow(ctx context.Context, tx pgx.Tx, types []string) error {
+	_, err := tx.Exec(ctx, `WITH e AS (UPDATE `+pgx.Identifier{s.schema, "flow_epoch"}.Sanitize()+` SET epoch = epoch + 1 RETURNING epoch)
+INSERT INTO `+pgx.Identifier{s.schema, "flow_changes"}.Sanitize()+` (type, epoch)
+SELECT DISTINCT t.type, e.epoch FROM unnest($1::text[]) AS t(type), e
+ON CONFLICT (type) DO UPDATE SET epoch = EXCLUDED.epoch`, Mode, types)
+	return err
+}
+
+// FlowChanges returns the current flow epoch and the types whose limits
+// were tightened or that were paused after epoch since, by type.
+func (s *Store) FlowChanges(ctx context.Context, since int64) (epoch int64, types []string, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT f.epoch, ARRAY(SELECT c.type FROM `+pgx.Identifier{s.schema, "flow_changes"}.Sanitize()+` c
+	WHERE c.epoch > $1 ORDER BY c.type) FROM `+pgx.Identifier{s.schema, "flow_epoch"}.Sanitize()+` f`, Mode, since).Scan(&epoch, &types)
+	return epoch, types, err
 }
 
 // RemoveLimit deletes the limits of a type and its rate state, and reports

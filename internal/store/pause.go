@@ -16,14 +16,21 @@ type Paused struct {
 func (s *Store) pausedTable() string { return pgx.Identifier{s.schema, "paused_types"}.Sanitize() }
 
 // Pause marks types paused (the claim function skips them) and returns
-// those that were not paused yet.
-func (s *Store) Pause(ctx context.Context, types []string) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `INSERT INTO `+s.pausedTable()+` (type) SELECT DISTINCT unnest($1::text[])
+// those that were not paused yet, which it records under a new flow epoch
+// (FlowChanges).
+func (s *Store) Pause(ctx context.Context, types []string) (paused []string, err error) {
+	err = pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `INSERT INTO `+s.pausedTable()+` (type) SELECT DISTINCT unnest($1::text[])
 ON CONFLICT (type) DO NOTHING RETURNING type`, Mode, types)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		if paused, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || len(paused) == 0 {
+			return err
+		}
+		return s.bumpFlow(ctx, tx, paused)
+	})
+	return paused, err
 }
 
 // Resume unpauses types and returns those that were paused.
