@@ -45,8 +45,9 @@ import (
 //     stronger than KEY SHARE on the prerequisite for as long as it stays
 //     open.
 //   - Every move of a job to a terminal state (finish, sweep, cancel,
-//     cascade) takes FOR UPDATE on its row first. FOR UPDATE conflicts with
-//     KEY SHARE: a finish either comes after the transaction adding a
+//     cascade, a dependent failed because its release failed) takes FOR
+//     UPDATE on its row first (or deletes the row). FOR UPDATE conflicts
+//     with KEY SHARE: a finish either comes after the transaction adding a
 //     dependent has committed, or goes first, and the enqueue then reads
 //     the terminal state. A finish reads its rows' edges in a second
 //     statement, on a snapshot taken after it holds the row locks, so an
@@ -207,11 +208,16 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_
 	// A dependent that could not be released: failed, with the reason; its
 	// edges from the level are consumed. Its own dependents follow it as
 	// the next level.
-	g.failDependent = `WITH d AS (
+	// Locked FOR UPDATE first, like every move to a terminal state:
+	// downstream of rows already held, so it may wait (bounded by
+	// lock_timeout).
+	g.failDependent = `WITH l AS (
+	SELECT id FROM ` + s.jobs + ` WHERE id = $2 AND state = 'blocked' FOR UPDATE
+), d AS (
 	DELETE FROM ` + s.edges + ` WHERE prereq = ANY($1::uuid[]) AND job = $2
 ), u AS (
-	UPDATE ` + s.jobs + ` SET state = 'failed', last_error = $3, finished_at = now(), blocked_by = 0
-	WHERE id = $2 AND state = 'blocked' RETURNING id, notify_done
+	UPDATE ` + s.jobs + ` j SET state = 'failed', last_error = $3, finished_at = now(), blocked_by = 0
+	FROM l WHERE j.id = l.id AND j.state = 'blocked' RETURNING j.id, j.notify_done
 )
 SELECT count(*), count(pg_notify($4, json_build_object('done', id)::text)) FILTER (WHERE notify_done) FROM u`
 	g.read = `SELECT state, COALESCE(ordering_key, '') FROM ` + s.jobs + ` WHERE id = $1
@@ -482,6 +488,10 @@ func (s *Store) releaseLevel(ctx context.Context, tx pgx.Tx, frontier []uuid.UUI
 		var failed, notified int64
 		reason := fmt.Sprintf("releasing the job after its prerequisites ended failed, so it fails instead: %v", derr)
 		if ferr := tx.QueryRow(ctx, s.graph.failDependent, Mode, frontier, d, reason, s.channel).Scan(&failed, &notified); ferr != nil {
+			if !isolatable(ferr) {
+				// Busy (its lock), or transient: the caller retries.
+				return nil, nil, fmt.Errorf("failing dependent %s after its release failed (%v): %w", d, derr, ferr)
+			}
 			return nil, nil, fmt.Errorf("%w; recording that failure also failed: %w", derr, ferr)
 		}
 		if failed > 0 {
