@@ -24,8 +24,13 @@ import (
 //
 //  1. Ordering-key advisory locks (pg_advisory_xact_lock(hashtext(schema),
 //     hashtext(key))), in sorted key order, before any row lock. A key's
-//     chain is changed only under its key lock (enqueue, splice).
-//  2. Job rows, a job's prerequisites (and chain predecessors) before the
+//     chain is changed only under its key lock (enqueue, splice, retry).
+//  2. The keys' rows in job_ordering_keys (orderkeys.go), in sorted key
+//     order, written by an operation that adds a job to a key's chain
+//     (enqueue, retry) right after its key locks. Every writer of a key's
+//     row (those, and the cleaner, which deletes it) holds the key's
+//     advisory lock, so no one ever waits for such a row.
+//  3. Job rows, a job's prerequisites (and chain predecessors) before the
 //     job itself: upstream before downstream. Rows at the same level are
 //     locked in ascending ID order.
 //
@@ -59,7 +64,12 @@ import (
 //   - Claims and batched finishes take FOR UPDATE SKIP LOCKED: one locked
 //     row never delays the others of a batch; the caller retries a skipped
 //     (busy) row on its own, where waiting delays nobody else.
-
+//
+// # Caller transactions above READ COMMITTED
+//
+// See orderkeys.go: why an enqueue at REPEATABLE READ or SERIALIZABLE,
+// reading on an old snapshot, is still right or fails retryably, and so
+// why every move to a terminal state must take FOR UPDATE (above).
 //
 // # Flow-control locks (migration 0009)
 //
@@ -83,10 +93,10 @@ import (
 // and takes no job lock. job_inputs is thus in no lock order at all.
 
 type graphSQL struct {
-	lockKeys, tryKeys, tails, lockPrereqs, insert, insertUnique, edges, liveHolders string
-	level, lockCancel, lockCancelSkip, blockedCount, splice, release                string
-	read, lockOne, cancelQueued, requestCancel, markWaiting, orderPreds, lockShare  string
-	chainPreds, dependents, failDependent, finishedStates, finishedState            string
+	lockKeys, tryKeys, lockPrereqs, insert, insertUnique, edges, liveHolders       string
+	level, lockCancel, lockCancelSkip, blockedCount, splice, release               string
+	read, lockOne, cancelQueued, requestCancel, markWaiting, orderPreds, lockShare string
+	chainPreds, dependents, failDependent, finishedStates, finishedState           string
 }
 
 const live = `('blocked', 'scheduled', 'available', 'running')`
@@ -98,12 +108,6 @@ func (s *Store) buildGraph() {
 	// Out of order: returns the keys it could not lock.
 	g.tryKeys = `SELECT COALESCE(array_agg(k), '{}') FROM (SELECT DISTINCT unnest($2::text[]) AS k ORDER BY 1) s
 WHERE NOT pg_try_advisory_xact_lock(hashtext($1), hashtext(k))`
-	// The tail of a key's chain: its live job with no live successor.
-	g.tails = `SELECT DISTINCT ON (j.ordering_key) j.ordering_key, j.id FROM ` + s.jobs + ` j
-WHERE j.ordering_key = ANY($1::text[]) AND j.state IN ` + live + `
-  AND NOT EXISTS (SELECT 1 FROM ` + s.edges + ` e JOIN ` + s.jobs + ` n ON n.id = e.job
-                  WHERE e.prereq = j.id AND e.kind = 'order' AND n.state IN ` + live + `)
-ORDER BY j.ordering_key, j.created_at DESC, j.id DESC`
 	// Prerequisites, upstream rows: KEY SHARE, waiting, in ID order. An
 	// available one is skipped by concurrent claims while locked: the
 	// caller announces it, to be delivered when the lock goes (at commit).
