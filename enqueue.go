@@ -301,7 +301,7 @@ func (q *Queue) insertGraph(ctx context.Context, tx store.DB, own bool, jobs []s
 			return invalid("depends on", "%v", err)
 		case pgerr.DuplicateKey(err, "jobs_pkey"):
 			return invalid("id", "a job with this ID exists already")
-		case errors.Is(err, store.ErrUniqueKeyContention):
+		case errors.Is(err, store.ErrUniqueKeyContention), errors.Is(err, store.ErrSnapshot):
 			return &retryableError{err: fmt.Errorf("enqueueing %d job(s): %w", len(jobs), err)}
 		case err != nil:
 			return fmt.Errorf("enqueueing %d job(s): %w", len(jobs), err)

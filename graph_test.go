@@ -464,3 +464,79 @@ func TestSweepReleasesDependents(t *testing.T) {
 	require.Equal(t, backlog.StateCancelled, info.State)
 	require.Contains(t, info.LastError, a.String())
 }
+
+// TestOrderingKeyBehindRunningPredecessor: a job enqueued with the key of a
+// running job is blocked behind it, stays blocked through that job's
+// failed attempt and retry, and runs only after it completed. From Go and
+// from SQL's enqueue(). (A running tail taken for no tail makes the new
+// job available at once: only the unique index of running jobs per key
+// would then stand between the two.)
+func TestOrderingKeyBehindRunningPredecessor(t *testing.T) {
+	t.Parallel()
+	for _, via := range []string{"Go", "SQL"} {
+		t.Run(via, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, backlog.WithPollInterval(time.Hour))
+			ctx := context.Background()
+			events := make(chan string, 16)
+			proceed := make(chan struct{}) // ends A's current attempt
+			mux := backlog.NewMux()
+			mux.HandleFunc("ord", func(ctx context.Context, job *backlog.Job) error {
+				name := strings.Trim(string(job.Args), `"`)
+				events <- fmt.Sprintf("start %s %d", name, job.Attempt)
+				if name == "A" {
+					select {
+					case <-proceed:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+					if job.Attempt == 1 {
+						return errors.New("A's first attempt fails")
+					}
+				}
+				events <- fmt.Sprintf("end %s %d", name, job.Attempt)
+				return nil
+			}, backlog.RetryBackoff(backlog.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond}))
+			work(t, e.q, mux, backlog.Concurrency(4))
+			next := func(want string) {
+				t.Helper()
+				select {
+				case got := <-events:
+					require.Equal(t, want, got)
+				case <-time.After(20 * time.Second):
+					t.Fatalf("no %q", want)
+				}
+			}
+			blocked := func(b, a uuid.UUID) {
+				t.Helper()
+				info, err := e.q.Job(ctx, b)
+				require.NoError(t, err)
+				require.Equal(t, backlog.StateBlocked, info.State, "B must wait while A is live")
+				require.Equal(t, 1, e.countLive(`id = $1 AND blocked_by = 1 AND id IN (SELECT job FROM "`+e.schema+`".job_edges
+					WHERE prereq = $2 AND kind = 'order')`, b, a), "B follows A in the key's chain")
+			}
+
+			a, err := e.q.Enqueue(ctx, "ord", "A", backlog.OrderingKey("k"))
+			require.NoError(t, err)
+			next("start A 1")
+			var b uuid.UUID
+			if via == "Go" {
+				b, err = e.q.Enqueue(ctx, "ord", "B", backlog.OrderingKey("k"))
+			} else {
+				b, err = e.sqlEnqueue(e.pool, `'ord', '"B"', ordering_key => 'k'`)
+			}
+			require.NoError(t, err)
+			blocked(b, a)
+			proceed <- struct{}{} // A's first attempt fails: A is retried
+			next("start A 2")
+			blocked(b, a)
+			proceed <- struct{}{}
+			next("end A 2")
+			next("start B 1")
+			next("end B 1")
+			e.waitState(b, 10*time.Second, backlog.StateCompleted)
+			info := e.waitState(a, 10*time.Second, backlog.StateCompleted)
+			require.Equal(t, 2, info.Attempt)
+		})
+	}
+}

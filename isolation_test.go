@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
@@ -325,4 +326,75 @@ func TestOversizedTagsRejected(t *testing.T) {
 	}), backlog.Types("big.tags"), backlog.WorkerTags(big))
 	e.waitState(id, 10*time.Second, backlog.StateCompleted)
 	require.Equal(t, int32(2), runs.Load())
+}
+
+// TestIsolationFailedDependentSeenByEnqueue: a dependent whose release
+// fails is failed the way every move to a terminal state is made, under
+// FOR UPDATE, so an enqueue that depends on it never adds an edge that
+// nobody will release: one in an open READ COMMITTED transaction (holding
+// KEY SHARE on it) is waited for, and one at REPEATABLE READ whose
+// snapshot still shows it blocked fails retryably. Either way the new job
+// ends cancelled, not blocked for good. The prerequisite's finish is
+// written by hand (no Work, so no retirer moves the failed dependent
+// away meanwhile).
+func TestIsolationFailedDependentSeenByEnqueue(t *testing.T) {
+	t.Parallel()
+	for _, level := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead} {
+		t.Run(string(level), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			e.poison()
+			ctx := context.Background()
+			pre, err := e.q.Enqueue(ctx, "iso.pre", nil)
+			require.NoError(t, err)
+			dep, err := e.q.Enqueue(ctx, "iso.dep", poisonArgs("release"), backlog.DependsOn(pre))
+			require.NoError(t, err)
+			var token uuid.UUID
+			require.NoError(t, e.pool.QueryRow(ctx, `UPDATE "`+e.schema+`".jobs SET state = 'running', attempt = 1,
+				lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 hour' WHERE id = $1 RETURNING lease_token`, pre).Scan(&token))
+			finish := func() error { return backlog.FinishForTest(ctx, e.q, pre, token, "completed", true) }
+
+			tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: level})
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			var next uuid.UUID
+			if level == pgx.ReadCommitted {
+				// The enqueue holds KEY SHARE on dep until the commit.
+				next, err = e.q.EnqueueTx(ctx, tx, "iso.next", nil, backlog.DependsOn(dep))
+				require.NoError(t, err)
+				done := make(chan error, 1)
+				go func() { done <- finish() }()
+				// The finish fails dep at once, or waits for the enqueue.
+				require.Eventually(t, func() bool {
+					var waiting bool
+					err := e.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+						WHERE wait_event_type = 'Lock' AND position($1 IN query) > 0)`, `"`+e.schema+`".`).Scan(&waiting)
+					return (err == nil && waiting) || len(done) > 0
+				}, 20*time.Second, time.Millisecond)
+				require.NoError(t, tx.Commit(ctx))
+				require.NoError(t, <-done)
+			} else {
+				_, err = tx.Exec(ctx, `SELECT count(*) FROM "`+e.schema+`".jobs`) // the snapshot: dep blocked
+				require.NoError(t, err)
+				require.NoError(t, finish())
+				next, err = e.q.EnqueueTx(ctx, tx, "iso.next", nil, backlog.DependsOn(dep))
+				if err != nil {
+					require.ErrorIs(t, err, backlog.ErrRetryable)
+					require.NoError(t, tx.Rollback(ctx))
+					next, err = e.q.Enqueue(ctx, "iso.next", nil, backlog.DependsOn(dep))
+					require.NoError(t, err)
+				} else {
+					require.NoError(t, tx.Commit(ctx))
+				}
+			}
+			info, err := e.q.Job(ctx, dep)
+			require.NoError(t, err)
+			require.Equal(t, backlog.StateFailed, info.State)
+			require.Contains(t, info.LastError, "poison: refuses release")
+			info, err = e.q.Job(ctx, next)
+			require.NoError(t, err)
+			require.Equal(t, backlog.StateCancelled, info.State, "a job behind a failed prerequisite must not stay blocked")
+			require.Equal(t, fmt.Sprintf("cancelled: prerequisite %s failed", dep), info.LastError)
+		})
+	}
 }

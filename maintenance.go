@@ -51,7 +51,8 @@ const (
 //     sweep.
 //   - The cleaner drops expired job_history partitions, creates the ones
 //     needed ahead, trims periodic_runs and deletes the rows of dead
-//     processes, every clean interval.
+//     processes and of ordering keys with no live job, every clean
+//     interval.
 //
 // Intervals are jittered by ±20 % so that processes do not run in step.
 type maintenance struct {
@@ -339,7 +340,10 @@ type CleanResult struct {
 	Processes    int // rows of dead processes (see Queue.Processes)
 	// Inputs: kept results of prerequisites (see Job.Prerequisites) that
 	// no live job needs any more.
-	Inputs        int
+	Inputs int
+	// OrderingKeys: rows of ordering keys that have no live job any more
+	// (the table job_ordering_keys; see OrderingKey).
+	OrderingKeys  int
 	Batches       int // statements run
 	MoreRemaining bool
 }
@@ -401,10 +405,35 @@ func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {
 	if err != nil {
 		return total, classify(fmt.Errorf("removing kept prerequisite results: %w", err))
 	}
-	if total.Partitions > 0 || total.Jobs > 0 || total.PeriodicRuns > 0 || total.Processes > 0 || total.Inputs > 0 {
+	if err := m.cleanOrderingKeys(ctx, &total); err != nil {
+		return total, err
+	}
+	if total.Partitions > 0 || total.Jobs > 0 || total.PeriodicRuns > 0 || total.Processes > 0 || total.Inputs > 0 || total.OrderingKeys > 0 {
 		m.log.Info("backlog: cleaner removed expired history", "partitions", total.Partitions, "jobs", total.Jobs,
-			"periodic_runs", total.PeriodicRuns, "processes", total.Processes, "inputs", total.Inputs, "batches", total.Batches,
-			"more", total.MoreRemaining)
+			"periodic_runs", total.PeriodicRuns, "processes", total.Processes, "inputs", total.Inputs,
+			"ordering_keys", total.OrderingKeys, "batches", total.Batches, "more", total.MoreRemaining)
 	}
 	return total, nil
+}
+
+// cleanOrderingKeys walks job_ordering_keys in key order, a page of
+// cleanBatch rows a transaction (two statements), deleting the rows of
+// keys that have no live job, up to cleanMaxBatches pages a pass; the
+// next pass starts over.
+func (m *maintenance) cleanOrderingKeys(ctx context.Context, total *CleanResult) error {
+	after := ""
+	for range cleanMaxBatches {
+		n, last, err := m.store.CleanOrderingKeys(ctx, after, cleanBatch)
+		total.OrderingKeys += n
+		total.Batches++
+		if err != nil {
+			return classify(err)
+		}
+		if last == "" {
+			return nil
+		}
+		after = last
+	}
+	total.MoreRemaining = true
+	return nil
 }

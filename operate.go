@@ -26,7 +26,9 @@ func (q *Queue) SweepExpired(ctx context.Context) (int, error) {
 // next pass, so no finish ever waits behind the drop), creates the
 // partitions of the days ahead, deletes expired rows of the default
 // partition and old periodic_runs rows in batches of at most 1,000, each
-// its own statement that skips rows others hold. Work runs it periodically
+// its own statement that skips rows others hold, and the rows of ordering
+// keys that have no live job left (skipping a key being enqueued to at
+// that moment). Work runs it periodically
 // (WithCleanInterval); running it on many processes at once is harmless.
 func (q *Queue) Clean(ctx context.Context) (CleanResult, error) {
 	if q.isClosed() {

@@ -107,6 +107,7 @@ func Run(t *testing.T, begin Begin) {
 		{"CompletedPrerequisite", testCompletedPrerequisite},
 		{"Many", testMany},
 	}
+	tests = append(tests, isolationTests()...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

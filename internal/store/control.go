@@ -160,7 +160,9 @@ func (s *Store) Retry(ctx context.Context, id uuid.UUID) (ControlOutcome, error)
 			if !containsKey(p.keys, okey) {
 				return &restartError{keys: []string{okey}}
 			}
-			tails, err := idsByKey(ctx, tx, g.tails, []string{okey})
+			// The job joins the key's chain: the key's row records it
+			// (orderkeys.go).
+			tails, err := s.tails(ctx, tx, []string{okey}, []uuid.UUID{id})
 			if err != nil {
 				return err
 			}

@@ -24,8 +24,13 @@ import (
 //
 //  1. Ordering-key advisory locks (pg_advisory_xact_lock(hashtext(schema),
 //     hashtext(key))), in sorted key order, before any row lock. A key's
-//     chain is changed only under its key lock (enqueue, splice).
-//  2. Job rows, a job's prerequisites (and chain predecessors) before the
+//     chain is changed only under its key lock (enqueue, splice, retry).
+//  2. The keys' rows in job_ordering_keys (orderkeys.go), in sorted key
+//     order, written by an operation that adds a job to a key's chain
+//     (enqueue, retry) right after its key locks. Every writer of a key's
+//     row (those, and the cleaner, which deletes it) holds the key's
+//     advisory lock, so no one ever waits for such a row.
+//  3. Job rows, a job's prerequisites (and chain predecessors) before the
 //     job itself: upstream before downstream. Rows at the same level are
 //     locked in ascending ID order.
 //
@@ -45,8 +50,9 @@ import (
 //     stronger than KEY SHARE on the prerequisite for as long as it stays
 //     open.
 //   - Every move of a job to a terminal state (finish, sweep, cancel,
-//     cascade) takes FOR UPDATE on its row first. FOR UPDATE conflicts with
-//     KEY SHARE: a finish either comes after the transaction adding a
+//     cascade, a dependent failed because its release failed) takes FOR
+//     UPDATE on its row first (or deletes the row). FOR UPDATE conflicts
+//     with KEY SHARE: a finish either comes after the transaction adding a
 //     dependent has committed, or goes first, and the enqueue then reads
 //     the terminal state. A finish reads its rows' edges in a second
 //     statement, on a snapshot taken after it holds the row locks, so an
@@ -58,7 +64,12 @@ import (
 //   - Claims and batched finishes take FOR UPDATE SKIP LOCKED: one locked
 //     row never delays the others of a batch; the caller retries a skipped
 //     (busy) row on its own, where waiting delays nobody else.
-
+//
+// # Caller transactions above READ COMMITTED
+//
+// See orderkeys.go: why an enqueue at REPEATABLE READ or SERIALIZABLE,
+// reading on an old snapshot, is still right or fails retryably, and so
+// why every move to a terminal state must take FOR UPDATE (above).
 //
 // # Flow-control locks (migration 0009)
 //
@@ -82,10 +93,10 @@ import (
 // and takes no job lock. job_inputs is thus in no lock order at all.
 
 type graphSQL struct {
-	lockKeys, tryKeys, tails, lockPrereqs, insert, insertUnique, edges, liveHolders string
-	level, lockCancel, lockCancelSkip, blockedCount, splice, release                string
-	read, lockOne, cancelQueued, requestCancel, markWaiting, orderPreds, lockShare  string
-	chainPreds, dependents, failDependent, finishedStates, finishedState            string
+	lockKeys, tryKeys, lockPrereqs, insert, insertUnique, edges, liveHolders       string
+	level, lockCancel, lockCancelSkip, blockedCount, splice, release               string
+	read, lockOne, cancelQueued, requestCancel, markWaiting, orderPreds, lockShare string
+	chainPreds, dependents, failDependent, finishedStates, finishedState           string
 }
 
 const live = `('blocked', 'scheduled', 'available', 'running')`
@@ -97,12 +108,6 @@ func (s *Store) buildGraph() {
 	// Out of order: returns the keys it could not lock.
 	g.tryKeys = `SELECT COALESCE(array_agg(k), '{}') FROM (SELECT DISTINCT unnest($2::text[]) AS k ORDER BY 1) s
 WHERE NOT pg_try_advisory_xact_lock(hashtext($1), hashtext(k))`
-	// The tail of a key's chain: its live job with no live successor.
-	g.tails = `SELECT DISTINCT ON (j.ordering_key) j.ordering_key, j.id FROM ` + s.jobs + ` j
-WHERE j.ordering_key = ANY($1::text[]) AND j.state IN ` + live + `
-  AND NOT EXISTS (SELECT 1 FROM ` + s.edges + ` e JOIN ` + s.jobs + ` n ON n.id = e.job
-                  WHERE e.prereq = j.id AND e.kind = 'order' AND n.state IN ` + live + `)
-ORDER BY j.ordering_key, j.created_at DESC, j.id DESC`
 	// Prerequisites, upstream rows: KEY SHARE, waiting, in ID order. An
 	// available one is skipped by concurrent claims while locked: the
 	// caller announces it, to be delivered when the lock goes (at commit).
@@ -207,11 +212,16 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_
 	// A dependent that could not be released: failed, with the reason; its
 	// edges from the level are consumed. Its own dependents follow it as
 	// the next level.
-	g.failDependent = `WITH d AS (
+	// Locked FOR UPDATE first, like every move to a terminal state:
+	// downstream of rows already held, so it may wait (bounded by
+	// lock_timeout).
+	g.failDependent = `WITH l AS (
+	SELECT id FROM ` + s.jobs + ` WHERE id = $2 AND state = 'blocked' FOR UPDATE
+), d AS (
 	DELETE FROM ` + s.edges + ` WHERE prereq = ANY($1::uuid[]) AND job = $2
 ), u AS (
-	UPDATE ` + s.jobs + ` SET state = 'failed', last_error = $3, finished_at = now(), blocked_by = 0
-	WHERE id = $2 AND state = 'blocked' RETURNING id, notify_done
+	UPDATE ` + s.jobs + ` j SET state = 'failed', last_error = $3, finished_at = now(), blocked_by = 0
+	FROM l WHERE j.id = l.id AND j.state = 'blocked' RETURNING j.id, j.notify_done
 )
 SELECT count(*), count(pg_notify($4, json_build_object('done', id)::text)) FILTER (WHERE notify_done) FROM u`
 	g.read = `SELECT state, COALESCE(ordering_key, '') FROM ` + s.jobs + ` WHERE id = $1
@@ -482,6 +492,10 @@ func (s *Store) releaseLevel(ctx context.Context, tx pgx.Tx, frontier []uuid.UUI
 		var failed, notified int64
 		reason := fmt.Sprintf("releasing the job after its prerequisites ended failed, so it fails instead: %v", derr)
 		if ferr := tx.QueryRow(ctx, s.graph.failDependent, Mode, frontier, d, reason, s.channel).Scan(&failed, &notified); ferr != nil {
+			if !isolatable(ferr) {
+				// Busy (its lock), or transient: the caller retries.
+				return nil, nil, fmt.Errorf("failing dependent %s after its release failed (%v): %w", d, derr, ferr)
+			}
 			return nil, nil, fmt.Errorf("%w; recording that failure also failed: %w", derr, ferr)
 		}
 		if failed > 0 {

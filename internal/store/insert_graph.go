@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/backlogq/backlog/internal/pgerr"
 )
 
 // ErrUnknownPrerequisites is wrapped by InsertGraph when a dependency names
@@ -50,10 +52,15 @@ type GraphResult struct {
 }
 
 // InsertGraph inserts jobs with dependencies, ordering keys or unique keys
-// inside tx (a pgx.Tx, or a database/sql one through SQL), taking its locks in the lock order of graph.go: the ordering
-// keys, then the prerequisites (FOR KEY SHARE). The batch has been
-// validated (no cycles, no self-dependency, no unique job that another
-// batch member depends on).
+// inside tx (a pgx.Tx, or a database/sql one through SQL), taking its
+// locks in the lock order of graph.go: the ordering keys (and their rows,
+// orderkeys.go), then the prerequisites (FOR KEY SHARE). The batch has
+// been validated (no cycles, no self-dependency, no unique job that
+// another batch member depends on).
+//
+// In a transaction at REPEATABLE READ or SERIALIZABLE, a change the insert
+// depends on that was committed after the transaction's snapshot fails it
+// with ErrSnapshot (see orderkeys.go) rather than going unseen.
 func (s *Store) InsertGraph(ctx context.Context, tx DB, jobs []GraphJob) (GraphResult, error) {
 	g := newGraphInsert(s, tx, jobs)
 	steps := []struct {
@@ -70,8 +77,13 @@ func (s *Store) InsertGraph(ctx context.Context, tx DB, jobs []GraphJob) (GraphR
 	}
 	for _, st := range steps {
 		if err := st.run(ctx); err != nil {
-			if st.what == "" || errors.Is(err, ErrUnknownPrerequisites) || errors.Is(err, ErrUniqueKeyContention) {
+			switch {
+			case st.what == "" || errors.Is(err, ErrUnknownPrerequisites) || errors.Is(err, ErrUniqueKeyContention) || errors.Is(err, ErrSnapshot):
 				return GraphResult{}, err
+			case pgerr.Code(err) == "40001":
+				// Only a transaction above READ COMMITTED gets one here
+				// (orderkeys.go).
+				return GraphResult{}, fmt.Errorf("%s: %w: %w", st.what, ErrSnapshot, err)
 			}
 			return GraphResult{}, fmt.Errorf("%s: %w", st.what, err)
 		}
@@ -109,14 +121,19 @@ func newGraphInsert(s *Store, tx DB, jobs []GraphJob) *graphInsert {
 	return g
 }
 
-// lockChains serialises enqueues of each ordering key and finds each key's
-// tail.
+// lockChains serialises enqueues of each ordering key, writes each key's
+// row (orderkeys.go) and finds each key's tail.
 func (g *graphInsert) lockChains(ctx context.Context) error {
+	last := map[string]uuid.UUID{} // the batch's last job of each key
 	var keys []string
 	for _, j := range g.jobs {
-		if j.OrderingKey != "" && !slices.Contains(keys, j.OrderingKey) {
+		if j.OrderingKey == "" {
+			continue
+		}
+		if _, ok := last[j.OrderingKey]; !ok {
 			keys = append(keys, j.OrderingKey)
 		}
+		last[j.OrderingKey] = j.ID
 	}
 	if len(keys) == 0 {
 		return nil
@@ -125,8 +142,12 @@ func (g *graphInsert) lockChains(ctx context.Context) error {
 	if err := g.s.lockKeys(ctx, g.tx, keys); err != nil {
 		return err
 	}
+	ids := make([]uuid.UUID, len(keys))
+	for i, k := range keys {
+		ids[i] = last[k]
+	}
 	var err error
-	g.tails, err = idsByKey(ctx, g.tx, g.s.graph.tails, keys)
+	g.tails, err = g.s.tails(ctx, g.tx, keys, ids)
 	return err
 }
 
@@ -192,13 +213,22 @@ func (g *graphInsert) lockPrerequisites(ctx context.Context) error {
 		}
 	}
 	var unknown []string
+	var unseen []uuid.UUID
 	for _, id := range ids {
 		if _, ok := g.states[id]; !ok {
-			unknown = append(unknown, id.String())
+			unknown, unseen = append(unknown, id.String()), append(unseen, id)
 		}
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
+		// Or only unseen: enqueued after a REPEATABLE READ snapshot.
+		after, err := g.s.invisibleAll(ctx, g.tx, unseen)
+		if err != nil {
+			return err
+		}
+		if after {
+			return fmt.Errorf("%w: prerequisites %v were enqueued after the snapshot", ErrSnapshot, unknown)
+		}
 		return fmt.Errorf("%w: %v", ErrUnknownPrerequisites, unknown)
 	}
 	return nil
@@ -429,9 +459,10 @@ func (g *graphInsert) insertEdges(ctx context.Context) error {
 	return err
 }
 
-// idsByKey runs a query returning (key, id) rows for keys.
-func idsByKey(ctx context.Context, tx DB, sql string, keys []string) (map[string]uuid.UUID, error) {
-	rows, err := tx.Query(ctx, sql, Mode, keys)
+// idsByKey runs a query returning (key, id) rows for keys ($1; more
+// parameters after it).
+func idsByKey(ctx context.Context, tx DB, sql string, keys []string, more ...any) (map[string]uuid.UUID, error) {
+	rows, err := tx.Query(ctx, sql, append([]any{Mode, keys}, more...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -81,6 +81,7 @@ type Store struct {
 	procs   procSQL
 	sched   schedSQL
 	in      inputsSQL
+	okeys   orderKeysSQL
 }
 
 // ChannelName is the NOTIFY channel used for a schema.
@@ -97,6 +98,7 @@ func New(pool *pgxpool.Pool, schema string) *Store {
 	s.buildCore()
 	s.buildFinish()
 	s.buildGraph()
+	s.buildOrderKeys()
 	s.buildInputs()
 	s.buildMaintenance()
 	s.buildHistory()
