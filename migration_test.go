@@ -3,9 +3,11 @@ package backlog_test
 import (
 	"context"
 	"math"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
@@ -97,4 +99,49 @@ func TestMigrateDownAndUp(t *testing.T) {
 	done, err = q.MigrateDown(ctx, 1)
 	require.ErrorContains(t, err, "dirty")
 	require.Empty(t, done)
+}
+
+// TestMigrateShortStatementTimeout: a pool whose sessions time statements
+// out at 100 ms (an application's setting for its own queries) migrates
+// from empty to the newest version, from three processes at once (two of
+// them wait for the first's migration lock far longer than 100 ms), and
+// the queue then runs a job on that pool.
+func TestMigrateShortStatementTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testdb.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "100"
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "100"
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	schema := testdb.Schema(t)
+	qs := make([]*backlog.Queue, 3)
+	for i := range qs {
+		qs[i], err = backlog.New(ctx, pool, backlog.WithSchema(schema), backlog.WithLogger(logger(t)))
+		require.NoError(t, err)
+		defer qs[i].Close()
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(qs))
+	for i, q := range qs {
+		wg.Go(func() { errs[i] = q.Migrate(ctx) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "Migrate %d", i)
+	}
+	st, err := qs[0].MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.Empty(t, st.Pending())
+	require.Equal(t, "backlog", st.MigratedBy)
+
+	e := &env{t: t, pool: testdb.Pool(t), schema: schema, q: qs[0]}
+	id, err := qs[0].Enqueue(ctx, "t", map[string]int{"n": 1})
+	require.NoError(t, err)
+	stop := work(t, qs[1], backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil }), backlog.Types("t"))
+	e.waitState(id, 10*time.Second, backlog.StateCompleted)
+	require.NoError(t, stop())
 }

@@ -133,8 +133,20 @@ func (q *Queue) Schema() string { return q.cfg.schema }
 func (q *Queue) WorkerID() string { return q.cfg.workerID }
 
 // Migrate creates or upgrades the queue's schema with the embedded
-// migrations. It is idempotent and safe to call from many processes at once
-// (they serialise on an advisory lock).
+// migrations, all in one transaction. It is idempotent and safe to call
+// from many processes at once (they serialise on an advisory lock, which
+// the files `backlog migrate sql` exports for goose and golang-migrate
+// take too). A schema those files migrated is recognised: Migrate applies
+// only the migrations its version lacks, never one already applied.
+//
+// The transaction sets its own timeouts, whatever the pool's: no
+// statement timeout (ctx bounds the migration) and, for the locks the
+// migrations take on the queue's tables, a lock timeout of 2 seconds, so
+// that a long transaction holding one never stalls the queue behind a
+// waiting migration for longer. After a lock timeout (or a deadlock) the
+// transaction rolls back and is made again after a pause (100 ms,
+// doubling up to 5 s), for up to a minute; then Migrate returns the lock
+// error.
 func (q *Queue) Migrate(ctx context.Context) error {
 	if q.isClosed() {
 		return ErrClosed

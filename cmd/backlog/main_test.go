@@ -82,6 +82,7 @@ type cli struct {
 	t      *testing.T
 	schema string
 	stdin  string
+	q      *backlog.Queue // see lib
 }
 
 // newCLI returns a CLI on a fresh schema (not migrated), dropped when the

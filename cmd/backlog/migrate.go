@@ -2,16 +2,15 @@ package main
 
 import (
 	"fmt"
-	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/backlogq/backlog/internal/migrate"
 	"github.com/backlogq/backlog/migrations"
 )
 
@@ -179,14 +178,41 @@ func (a *app) migrateStatusCommand() *cobra.Command {
 				for i, m := range st.Migrations {
 					ms[i] = mig(m)
 				}
+				type tool struct {
+					Tool    string `json:"tool"`
+					Table   string `json:"table"`
+					Version int64  `json:"version"`
+					Dirty   bool   `json:"dirty"`
+				}
+				tools := make([]tool, len(st.Tools))
+				for i, t := range st.Tools {
+					tools[i] = tool(t)
+				}
 				return writeJSON(out, map[string]any{"schema": st.Schema, "version": st.Version, "dirty": st.Dirty,
-					"pending": len(st.Pending()), "migrations": ms})
+					"migrated_by": st.MigratedBy, "tools": tools, "pending": len(st.Pending()), "migrations": ms})
 			}
 			dirty := ""
 			if st.Dirty {
 				dirty = " (dirty: a migration failed half-way; fix it by hand)"
 			}
-			fmt.Fprintf(out, "schema %s: version %d%s, %d pending\n\n", st.Schema, st.Version, dirty, len(st.Pending()))
+			by := ""
+			if st.MigratedBy != "" {
+				by = ", migrated by " + st.MigratedBy
+			}
+			fmt.Fprintf(out, "schema %s: version %d%s%s, %d pending\n", st.Schema, st.Version, dirty, by, len(st.Pending()))
+			for _, t := range st.Tools {
+				note := ""
+				switch {
+				case t.Dirty:
+					note = " (dirty)"
+				case t.Version < st.Version:
+					note = fmt.Sprintf(" (behind backlog's %d: its next run records the newer files without running them)", st.Version)
+				case t.Version > st.Version:
+					note = fmt.Sprintf(" (ahead of backlog's %d: backlog reverted what it ran since)", st.Version)
+				}
+				fmt.Fprintf(out, "%s's table %s: version %d%s\n", t.Tool, t.Table, t.Version, note)
+			}
+			fmt.Fprintln(out)
 			t := newTable(out, "VERSION", "NAME", "STATE")
 			for _, m := range st.Migrations {
 				state := "pending"
@@ -200,81 +226,35 @@ func (a *app) migrateStatusCommand() *cobra.Command {
 	}
 }
 
-// migration is one migration as the migrations package's files hold it.
-type migration struct {
-	version  int64
-	name     string // without the version
-	up, down string
-}
-
 // migrationName is how a migration is named in messages: 0001_init.
 func migrationName(v int64, name string) string { return fmt.Sprintf("%04d_%s", v, name) }
 
-// loadMigrations reads migrations.FS, by version.
-func loadMigrations() ([]migration, error) {
-	files, err := fs.Glob(migrations.FS, "*.up.sql")
+// sqlFiles renders the migrations in a tool's format, for schema.
+func sqlFiles(format, schema string) ([]migrate.File, error) {
+	if format != migrate.FormatGolangMigrate && format != migrate.FormatGoose {
+		return nil, usagef("migrate sql: --format must be golang-migrate or goose, got %q", format)
+	}
+	ms, err := migrate.Load(migrations.FS)
 	if err != nil {
 		return nil, err
 	}
-	var out []migration
-	for _, f := range files {
-		num, rest, _ := strings.Cut(strings.TrimSuffix(f, ".up.sql"), "_")
-		v, err := strconv.ParseInt(num, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("migration %s: bad version", f)
-		}
-		up, err := fs.ReadFile(migrations.FS, f)
-		if err != nil {
-			return nil, err
-		}
-		down, err := fs.ReadFile(migrations.FS, strings.TrimSuffix(f, ".up.sql")+".down.sql")
-		if err != nil {
-			return nil, fmt.Errorf("migration %s has no down file: %w", f, err)
-		}
-		out = append(out, migration{version: v, name: rest, up: string(up), down: string(down)})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
-	return out, nil
-}
-
-// sqlFile is one file of migrate sql's output.
-type sqlFile struct {
-	name string
-	text string
-}
-
-// sqlFiles renders the migrations in a tool's format.
-func sqlFiles(format string) ([]sqlFile, error) {
-	ms, err := loadMigrations()
+	files, err := migrate.Export(ms, schema, format)
 	if err != nil {
-		return nil, err
+		return nil, usagef("migrate sql: %v", err)
 	}
-	var out []sqlFile
-	for _, m := range ms {
-		base := fmt.Sprintf("%04d_%s", m.version, m.name)
-		switch format {
-		case "golang-migrate":
-			out = append(out, sqlFile{base + ".up.sql", m.up}, sqlFile{base + ".down.sql", m.down})
-		case "goose":
-			var b strings.Builder
-			b.WriteString("-- +goose Up\n")
-			gooseSection(&b, m.up)
-			b.WriteString("-- +goose Down\n")
-			gooseSection(&b, m.down)
-			out = append(out, sqlFile{base + ".sql", strings.TrimRight(b.String(), "\n") + "\n"})
-		default:
-			return nil, usagef("migrate sql: --format must be golang-migrate or goose, got %q", format)
-		}
-	}
-	return out, nil
+	return files, nil
 }
 
-const sqlPreamble = `-- backlog's migrations in %s format (%d files).
--- They use unqualified names: run them with search_path set to the queue's
--- schema (create it first), e.g. a connection string ending in
--- ?search_path=backlog. golang-migrate with x-migrations-table=schema_migrations
--- shares backlog's version table, so Queue.Migrate and ` + "`backlog migrate`" + ` see its
--- work; other tools keep their own table: let only one of them migrate.
+const sqlPreamble = `-- backlog's migrations in %s format (%d files), for schema %s.
+-- Each file is one statement per direction, a DO block that targets the
+-- schema itself (it creates it, and sets search_path for the migration
+-- only), skips a migration schema_migrations (backlog's version table)
+-- says is applied, and records each one there: backlog's own migrate and
+-- Queue.Migrate, goose and golang-migrate can take turns on the schema.
+-- Keep the tool's own version table in the schema too (search_path=%s
+-- in its connection string, once the schema exists), so that
+-- ` + "`backlog migrate status`" + ` finds it. golang-migrate must not split
+-- the files (no x-multi-statement).
 `
 
 func (a *app) migrateSQLCommand() *cobra.Command {
@@ -287,11 +267,20 @@ func (a *app) migrateSQLCommand() *cobra.Command {
 --format golang-migrate prints the NNNN_name.up.sql and .down.sql files,
 each after a header line; --format goose prints NNNN_name.sql files with
 goose's annotations. With --dir, the files are written there instead.
-The files use unqualified names: run them with search_path set to the
-queue's schema. No database is needed.`,
+No database is needed.
+
+The files target the queue's schema (--schema): each direction of a
+migration is one statement, a DO block that takes backlog's migration
+lock, creates the schema if needed, sets search_path to it for the
+migration only, runs the migration unless schema_migrations (backlog's own
+version table) says the schema has it, and records the version there. So
+` + "`backlog migrate up`" + `, Queue.Migrate, goose and golang-migrate can take turns on
+one schema, in either order, and none runs a migration twice. Keep the
+tool's own version table in the schema too (search_path=<schema> in its
+connection string, once the schema exists) so that ` + "`migrate status`" + ` shows it.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			files, err := sqlFiles(format)
+			files, err := sqlFiles(format, a.schema)
 			if err != nil {
 				return err
 			}
@@ -301,19 +290,19 @@ queue's schema. No database is needed.`,
 					return err
 				}
 				for _, f := range files {
-					if err := os.WriteFile(filepath.Join(dir, f.name), []byte(f.text), 0o644); err != nil {
+					if err := os.WriteFile(filepath.Join(dir, f.Name), []byte(f.Text), 0o644); err != nil {
 						return err
 					}
 					if !a.json {
-						fmt.Fprintln(out, filepath.Join(dir, f.name))
+						fmt.Fprintln(out, filepath.Join(dir, f.Name))
 					}
 				}
 				if a.json {
 					names := make([]string, len(files))
 					for i, f := range files {
-						names[i] = filepath.Join(dir, f.name)
+						names[i] = filepath.Join(dir, f.Name)
 					}
-					return writeJSON(out, map[string]any{"format": format, "files": names})
+					return writeJSON(out, map[string]any{"format": format, "schema": a.schema, "files": names})
 				}
 				return nil
 			}
@@ -324,14 +313,14 @@ queue's schema. No database is needed.`,
 				}
 				fs := make([]file, len(files))
 				for i, f := range files {
-					fs[i] = file{f.name, f.text}
+					fs[i] = file{f.Name, f.Text}
 				}
-				return writeJSON(out, map[string]any{"format": format, "files": fs})
+				return writeJSON(out, map[string]any{"format": format, "schema": a.schema, "files": fs})
 			}
-			fmt.Fprintf(out, sqlPreamble, format, len(files))
+			fmt.Fprintf(out, sqlPreamble, format, len(files), a.schema, a.schema)
 			for _, f := range files {
-				fmt.Fprintf(out, "\n-- ==> %s <==\n%s", f.name, f.text)
-				if !strings.HasSuffix(f.text, "\n") {
+				fmt.Fprintf(out, "\n-- ==> %s <==\n%s", f.Name, f.Text)
+				if !strings.HasSuffix(f.Text, "\n") {
 					fmt.Fprintln(out)
 				}
 			}

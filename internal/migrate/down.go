@@ -2,7 +2,6 @@ package migrate
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -10,15 +9,22 @@ import (
 )
 
 // Down reverts up to n of the schema's applied migrations, newest first,
-// each in its own transaction (under the advisory lock Up takes) that runs
-// the migration's down SQL and sets schema_migrations to the previous
-// known version, as golang-migrate does: the table is left empty once
-// every migration is reverted. It returns the versions it reverted, in the
-// order it reverted them; on error, those reverted before it.
+// each in its own transaction (under the migration lock and timeouts Up
+// takes, retried the same way) that runs the migration's down SQL and
+// sets schema_migrations to the previous known version, as golang-migrate
+// does: the table is left empty once every migration is reverted. It
+// returns the versions it reverted, in the order it reverted them; on
+// error, those reverted before it.
 func Down(ctx context.Context, pool *pgxpool.Pool, schema string, ms []Migration, n int) ([]int64, error) {
 	var done []int64
 	for len(done) < n {
-		v, ok, err := downOne(ctx, pool, schema, ms)
+		var v int64
+		var ok bool
+		err := retryLocks(ctx, schema, func() error {
+			var err error
+			v, ok, err = downOne(ctx, pool, schema, ms)
+			return err
+		})
 		if err != nil {
 			return done, err
 		}
@@ -32,32 +38,29 @@ func Down(ctx context.Context, pool *pgxpool.Pool, schema string, ms []Migration
 
 // downOne reverts the newest applied migration; false when none is.
 func downOne(ctx context.Context, pool *pgxpool.Pool, schema string, ms []Migration) (int64, bool, error) {
-	tx, err := pool.Begin(ctx)
+	tx, err := begin(ctx, pool, schema)
 	if err != nil {
-		return 0, false, fmt.Errorf("migrate: begin: %w", err)
+		return 0, false, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('backlog.migrate'), hashtext($1))`, schema); err != nil {
-		return 0, false, fmt.Errorf("migrate: advisory lock: %w", err)
-	}
-	current, dirty, err := state(ctx, tx, schema)
+	st, err := ReadState(ctx, tx, schema, false)
 	switch {
 	case err != nil:
 		return 0, false, err
-	case dirty:
-		return 0, false, fmt.Errorf("migrate: schema %s is marked dirty at version %d (a migration failed half-way under another tool); fix it by hand", schema, current)
-	case current == 0:
+	case st.Dirty:
+		return 0, false, fmt.Errorf("migrate: schema %s is marked dirty at version %d (a migration failed half-way under another tool); fix it by hand", schema, st.Version)
+	case st.Version == 0:
 		return 0, false, nil
 	}
 	i := -1
 	for j, m := range ms {
-		if m.Version == current {
+		if m.Version == st.Version {
 			i = j
 		}
 	}
 	if i < 0 {
-		return 0, false, fmt.Errorf("migrate: schema %s is at version %d, which this version of backlog does not know (a newer release migrated it?)", schema, current)
+		return 0, false, fmt.Errorf("migrate: schema %s is at version %d, which this version of backlog does not know (a newer release migrated it?)", schema, st.Version)
 	}
 	m := ms[i]
 	if !m.HasDown {
@@ -70,48 +73,21 @@ func downOne(ctx context.Context, pool *pgxpool.Pool, schema string, ms []Migrat
 	if _, err := tx.Exec(ctx, m.Down); err != nil {
 		return 0, false, fmt.Errorf("migrate: reverting %d_%s: %w", m.Version, m.Name, err)
 	}
-	table := pgx.Identifier{schema, "schema_migrations"}.Sanitize()
-	if _, err := tx.Exec(ctx, `DELETE FROM `+table); err != nil {
-		return 0, false, fmt.Errorf("migrate: writing version: %w", err)
-	}
-	if i > 0 {
-		if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (version, dirty) VALUES ($1, false)`, ms[i-1].Version); err != nil {
-			return 0, false, fmt.Errorf("migrate: writing version: %w", err)
+	if !st.Recorded {
+		// The version was another tool's record only.
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL)`); err != nil {
+			return 0, false, fmt.Errorf("migrate: version table: %w", err)
 		}
+	}
+	var prev int64
+	if i > 0 {
+		prev = ms[i-1].Version
+	}
+	if err := record(ctx, tx, prev, ToolBacklog); err != nil {
+		return 0, false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, false, fmt.Errorf("migrate: commit: %w", err)
 	}
 	return m.Version, true, nil
-}
-
-// State returns the schema's version and dirty flag as schema_migrations
-// holds them: version 0 when the schema, the table or its row is missing.
-func State(ctx context.Context, pool *pgxpool.Pool, schema string) (version int64, dirty bool, err error) {
-	return state(ctx, pool, schema)
-}
-
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-func state(ctx context.Context, db querier, schema string) (int64, bool, error) {
-	table := pgx.Identifier{schema, "schema_migrations"}.Sanitize()
-	var exists bool
-	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
-		return 0, false, fmt.Errorf("migrate: reading version: %w", err)
-	}
-	if !exists {
-		return 0, false, nil
-	}
-	var v int64
-	var dirty bool
-	err := db.QueryRow(ctx, `SELECT version, dirty FROM `+table+` LIMIT 1`).Scan(&v, &dirty)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return 0, false, nil
-	case err != nil:
-		return 0, false, fmt.Errorf("migrate: reading version: %w", err)
-	}
-	return v, dirty, nil
 }

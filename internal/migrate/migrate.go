@@ -1,8 +1,16 @@
-// Package migrate applies backlog's embedded SQL migrations to one schema.
+// Package migrate applies backlog's embedded SQL migrations to one schema,
+// and exports them for other migration tools.
 //
-// It keeps its version in a golang-migrate compatible table
-// (schema_migrations: one row, version and dirty), so a schema managed by
-// Migrate can later be managed by golang-migrate and the other way round.
+// The schema's version lives in a golang-migrate compatible table
+// (schema_migrations: one row, version and dirty). The files Export
+// writes for goose and golang-migrate keep that row too, and skip a
+// migration the row says is applied, so backlog, goose and golang-migrate
+// can take turns on one schema and none runs a migration twice (see
+// Export). A comment on the table names who changed it last.
+//
+// Every change runs under a transaction-scoped advisory lock keyed by the
+// schema name (the exported files take it too), with its own timeouts: see
+// Up.
 package migrate
 
 import (
@@ -72,61 +80,82 @@ func Load(fsys fs.FS) ([]Migration, error) {
 	return out, nil
 }
 
-// Up applies every migration newer than the schema's current version, all in
-// one transaction under a transaction-scoped advisory lock keyed by the
-// schema name, so concurrent callers (many processes starting at once)
-// serialise and all but the first find nothing to do. It returns the
-// versions it applied.
+// Up applies every migration newer than the schema's version, all in one
+// transaction, under backlog's migration lock for the schema, so that
+// concurrent callers (many processes starting at once, or a tool running
+// exported files) serialise and all but the first find nothing to do. It
+// returns the versions it applied. It records the version in
+// schema_migrations (also when it applied nothing but found the version
+// only in another tool's table), and itself as what migrated the schema
+// when it applied something.
+//
+// Timeouts: see begin. An attempt that cannot take a lock within
+// LockTimeout is rolled back and made again (see retryLocks).
 func Up(ctx context.Context, pool *pgxpool.Pool, schema string, ms []Migration) ([]int64, error) {
-	tx, err := pool.Begin(ctx)
+	var applied []int64
+	err := retryLocks(ctx, schema, func() error {
+		var err error
+		applied, err = up(ctx, pool, schema, ms)
+		return err
+	})
+	return applied, err
+}
+
+func up(ctx context.Context, pool *pgxpool.Pool, schema string, ms []Migration) ([]int64, error) {
+	tx, err := begin(ctx, pool, schema)
 	if err != nil {
-		return nil, fmt.Errorf("migrate: begin: %w", err)
+		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
 	q := pgx.Identifier{schema}.Sanitize()
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('backlog.migrate'), hashtext($1))`, schema); err != nil {
-		return nil, fmt.Errorf("migrate: advisory lock: %w", err)
+	var schemaExists, tableExists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+		q, pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&schemaExists, &tableExists); err != nil {
+		return nil, fmt.Errorf("migrate: reading schema %s: %w", schema, err)
 	}
-	if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+q); err != nil {
-		return nil, fmt.Errorf("migrate: creating schema %s: %w", schema, err)
+	st, err := ReadState(ctx, tx, schema, false)
+	if err != nil {
+		return nil, err
+	}
+	if st.Dirty {
+		return nil, fmt.Errorf("migrate: schema %s is marked dirty at version %d (a migration failed half-way under another tool); fix it by hand", schema, st.Version)
+	}
+	var pending []Migration
+	for _, m := range ms {
+		if m.Version > st.Version {
+			pending = append(pending, m)
+		}
+	}
+	if len(pending) == 0 && st.Recorded {
+		// Nothing to write: no DDL, so an up-to-date schema never waits for
+		// a lock.
+		return nil, tx.Commit(ctx)
+	}
+	if !schemaExists {
+		if _, err := tx.Exec(ctx, `CREATE SCHEMA `+q); err != nil {
+			return nil, fmt.Errorf("migrate: creating schema %s: %w", schema, err)
+		}
 	}
 	if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, q); err != nil {
 		return nil, fmt.Errorf("migrate: search_path: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL)`); err != nil {
-		return nil, fmt.Errorf("migrate: version table: %w", err)
-	}
-	var current int64
-	var dirty bool
-	err = tx.QueryRow(ctx, `SELECT version, dirty FROM schema_migrations LIMIT 1`).Scan(&current, &dirty)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		current = 0
-	case err != nil:
-		return nil, fmt.Errorf("migrate: reading version: %w", err)
-	case dirty:
-		return nil, fmt.Errorf("migrate: schema %s is marked dirty at version %d (a migration failed half-way under another tool); fix it by hand", schema, current)
+	if !tableExists {
+		if _, err := tx.Exec(ctx, versionTableDDL); err != nil {
+			return nil, fmt.Errorf("migrate: version table: %w", err)
+		}
 	}
 	var applied []int64
-	for _, m := range ms {
-		if m.Version <= current {
-			continue
-		}
+	current, by := st.Version, st.MigratedBy
+	for _, m := range pending {
 		if _, err := tx.Exec(ctx, m.SQL); err != nil {
 			return nil, fmt.Errorf("migrate: applying %d_%s: %w", m.Version, m.Name, err)
 		}
 		applied = append(applied, m.Version)
-		current = m.Version
+		current, by = m.Version, ToolBacklog
 	}
-	if len(applied) == 0 {
-		return nil, tx.Commit(ctx)
-	}
-	if _, err := tx.Exec(ctx, `DELETE FROM schema_migrations`); err != nil {
-		return nil, fmt.Errorf("migrate: writing version: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, dirty) VALUES ($1, false)`, current); err != nil {
-		return nil, fmt.Errorf("migrate: writing version: %w", err)
+	if err := record(ctx, tx, current, by); err != nil {
+		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("migrate: commit: %w", err)
@@ -134,27 +163,39 @@ func Up(ctx context.Context, pool *pgxpool.Pool, schema string, ms []Migration) 
 	return applied, nil
 }
 
-// Version returns the schema's migration version: 0 when the schema or its
-// version table does not exist. A dirty version is an error.
+// record writes the schema's version (none when 0) and what migrated it
+// into schema_migrations, with search_path set to the schema.
+func record(ctx context.Context, tx pgx.Tx, version int64, by string) error {
+	if _, err := tx.Exec(ctx, `DELETE FROM schema_migrations`); err != nil {
+		return fmt.Errorf("migrate: writing version: %w", err)
+	}
+	if version > 0 {
+		if _, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, dirty) VALUES ($1, false)`, version); err != nil {
+			return fmt.Errorf("migrate: writing version: %w", err)
+		}
+	}
+	if by != "" {
+		// COMMENT takes no parameters.
+		if _, err := tx.Exec(ctx, `COMMENT ON TABLE schema_migrations IS `+literal(markerPrefix+by)); err != nil {
+			return fmt.Errorf("migrate: writing version: %w", err)
+		}
+	}
+	return nil
+}
+
+// literal quotes s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// Version returns the schema's migration version (see State.Version): 0
+// when the schema or its version table does not exist. A dirty version is
+// an error.
 func Version(ctx context.Context, pool *pgxpool.Pool, schema string) (int64, error) {
-	var exists bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
-		pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
+	st, err := ReadState(ctx, pool, schema, false)
+	if err != nil {
 		return 0, err
 	}
-	if !exists {
-		return 0, nil
+	if st.Dirty {
+		return 0, fmt.Errorf("schema %s is marked dirty at version %d (a migration failed half-way under another tool)", schema, st.Version)
 	}
-	var v int64
-	var dirty bool
-	err := pool.QueryRow(ctx, `SELECT version, dirty FROM `+pgx.Identifier{schema, "schema_migrations"}.Sanitize()+` LIMIT 1`).Scan(&v, &dirty)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return 0, nil
-	case err != nil:
-		return 0, err
-	case dirty:
-		return 0, fmt.Errorf("schema %s is marked dirty at version %d (a migration failed half-way under another tool)", schema, v)
-	}
-	return v, nil
+	return st.Version, nil
 }

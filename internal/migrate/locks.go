@@ -1,0 +1,92 @@
+package migrate
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/backlogq/backlog/internal/pgerr"
+)
+
+// Lock waits. A migration changes tables every process uses (jobs above
+// all) and needs ACCESS EXCLUSIVE locks on them. Behind a long transaction
+// that holds any lock on such a table, the migration's request waits, and
+// every statement on the table queues behind the request: the whole queue
+// stalls for as long as the migration waits. Failing at once would fail a
+// deploy on any busy queue. So an attempt waits at most LockTimeout for a
+// lock, then rolls back (the queue goes on) and is made again after a
+// pause (doubling from LockPause up to LockPauseMax), until LockRetryFor
+// has passed since the first attempt; then Up or Down returns the lock
+// error. Variables so that tests can shorten them.
+var (
+	LockTimeout  = 2 * time.Second
+	LockRetryFor = time.Minute
+	LockPause    = 100 * time.Millisecond
+	LockPauseMax = 5 * time.Second
+)
+
+// begin starts a migration transaction on schema and takes backlog's
+// migration lock for it.
+//
+// The pool's own timeouts are meant for the queue's statements (a pool
+// may well set statement_timeout to 100 ms) and must not cut a migration
+// short, so the transaction sets its own: no statement timeout (a
+// migration may rewrite a large table; the caller's context bounds it),
+// no idle-in-transaction or transaction timeout, and no lock timeout
+// while it waits for the migration lock (whoever holds it is migrating
+// and gives up within LockTimeout when it cannot). Then lock_timeout is
+// LockTimeout for the migration's own locks.
+func begin(ctx context.Context, pool *pgxpool.Pool, schema string) (pgx.Tx, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: begin: %w", err)
+	}
+	_, err = tx.Exec(ctx, `SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true),
+	set_config('idle_in_transaction_session_timeout', '0', true)`)
+	if err == nil {
+		// PostgreSQL 17 and later.
+		_, err = tx.Exec(ctx, `SELECT set_config('transaction_timeout', '0', true) WHERE current_setting('transaction_timeout', true) IS NOT NULL`)
+	}
+	if err == nil {
+		_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('backlog.migrate'), hashtext($1))`, schema)
+	}
+	if err == nil {
+		_, err = tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", LockTimeout.Milliseconds()))
+	}
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("migrate: taking the migration lock of schema %s: %w", schema, err)
+	}
+	return tx, nil
+}
+
+// retryLocks runs attempt (one transaction) until it succeeds, fails
+// otherwise than on a lock (lock_timeout or a deadlock: the transaction
+// rolled back whole, so the attempt can be made again), or LockRetryFor
+// has passed.
+func retryLocks(ctx context.Context, schema string, attempt func() error) error {
+	start := time.Now()
+	pause := LockPause
+	for tries := 1; ; tries++ {
+		err := attempt()
+		if err == nil || !(pgerr.Busy(err) || pgerr.Code(err) == "40P01") {
+			return err
+		}
+		if time.Since(start)+pause > LockRetryFor {
+			return fmt.Errorf("migrate: schema %s: another transaction held a lock the migration needs at each of %d tries over %s "+
+				"(each waited up to %s; a long transaction on the schema's tables? see pg_stat_activity and pg_locks): %w",
+				schema, tries, time.Since(start).Round(time.Millisecond), LockTimeout, err)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("migrate: schema %s: waiting to try again after a lock timeout: %w (last: %v)", schema, ctx.Err(), err)
+		case <-t.C:
+		}
+		pause = min(2*pause, LockPauseMax)
+	}
+}
