@@ -24,7 +24,7 @@ run() { # run NAME DIR TIMEOUT
 }
 
 run library . 8m
-run cmd/backlog cmd/backlog 5m
+run cmd/backlog cmd/backlog 8m
 run otelbacklog otelbacklog 5m
 run internal/pqtest internal/pqtest 5m
 
