@@ -81,6 +81,7 @@ type Store struct {
 	procs   procSQL
 	sched   schedSQL
 	in      inputsSQL
+	nb      neighboursSQL
 }
 
 // ChannelName is the NOTIFY channel used for a schema.
@@ -98,6 +99,7 @@ func New(pool *pgxpool.Pool, schema string) *Store {
 	s.buildFinish()
 	s.buildGraph()
 	s.buildInputs()
+	s.buildNeighbours()
 	s.buildMaintenance()
 	s.buildHistory()
 	s.buildCounts()
