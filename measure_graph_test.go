@@ -61,13 +61,20 @@ func TestMeasureGraph(t *testing.T) {
 	SELECT gen_random_uuid(), 'type.' || (g % 10), '{}', 'available', CASE WHEN g % 2 = 0 THEN 'k' || (g % 1000) END
 	FROM generate_series(1, 10000) g`)
 	require.NoError(t, err)
+	// A live chain: prerequisite, job, dependent.
+	up, err := q.Enqueue(ctx, "up", nil, Delay(time.Hour))
+	require.NoError(t, err)
+	mid, err := q.Enqueue(ctx, "mid", nil, DependsOn(up))
+	require.NoError(t, err)
+	_, err = q.Enqueue(ctx, "down", nil, DependsOn(mid))
+	require.NoError(t, err)
 	_, err = q.store.SummarizeHistory(ctx)
 	require.NoError(t, err)
 	for _, tbl := range []string{hist, jobs} {
 		_, err = pool.Exec(ctx, `VACUUM ANALYZE `+tbl)
 		require.NoError(t, err)
 	}
-	t.Logf("seeded %d finished jobs and 10,001 live ones in %s", rows, time.Since(start).Round(time.Second))
+	t.Logf("seeded %d finished jobs and 10,004 live ones in %s", rows, time.Since(start).Round(time.Second))
 
 	// Migration 0016 on this history: its indexes built again.
 	_, err = q.MigrateDown(ctx, 1)
@@ -80,7 +87,9 @@ func TestMeasureGraph(t *testing.T) {
 	require.NoError(t, err)
 
 	var sample []uuid.UUID
-	r, err := pool.Query(ctx, `SELECT id FROM `+hist+` TABLESAMPLE SYSTEM (1) WHERE prereqs = ARRAY[$1::uuid] LIMIT 11`, fanOut)
+	// Finished jobs from anywhere in the history, each with a finished
+	// prerequisite and its key's neighbours.
+	r, err := pool.Query(ctx, `SELECT id FROM `+hist+` WHERE prereqs = ARRAY[$1::uuid] ORDER BY random() LIMIT 11`, fanOut)
 	require.NoError(t, err)
 	sample, err = pgx.CollectRows(r, pgx.RowTo[uuid.UUID])
 	require.NoError(t, err)
@@ -105,7 +114,8 @@ func TestMeasureGraph(t *testing.T) {
 	for _, c := range []struct {
 		what string
 		id   uuid.UUID
-	}{{"a prerequisite of 333,333 finished jobs", fanOut}, {"a job that cancelled 10,000", canceller},
+	}{{"a live job between two live ones", mid}, {"a prerequisite of 333,333 finished jobs", fanOut},
+		{"a job that cancelled 10,000", canceller},
 		{"a live job whose 100 prerequisites finished", wide}} {
 		d := median(func(int) {
 			g, err = q.Graph(ctx, c.id)

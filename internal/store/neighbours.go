@@ -69,7 +69,7 @@ type Neighbourhood struct {
 }
 
 type neighboursSQL struct {
-	self, prereqEdges, resolve, before, after, dependents, chain string
+	selfLive, selfDone, prereqEdges, resolveLive, resolveDone, before, after, dependents, chain string
 }
 
 // cancelPrefix starts the reason of a dependent cancelled by its
@@ -82,19 +82,21 @@ var cancelReason = regexp.MustCompile(`^` + cancelPrefix + `([0-9a-f-]{36}) (?:f
 
 func (s *Store) buildNeighbours() {
 	n := &s.nb
-	n.self = `SELECT ordering_key, unique_key, prereqs, COALESCE(last_error, '') FROM ` + s.jobs + ` WHERE id = $1
-UNION ALL
-SELECT ordering_key, unique_key, prereqs, COALESCE(last_error, '') FROM ` + s.history + ` WHERE id = $1
-LIMIT 1`
+	// Jobs are looked up in jobs first, and in job_history only when not
+	// found there: a statement over job_history costs a millisecond or two
+	// of planning (its partitions), which the graph of live jobs, read at
+	// every refresh of the dashboard's job page, need not pay.
+	cols := `ordering_key, unique_key, prereqs, COALESCE(last_error, '')`
+	n.selfLive = `SELECT ` + cols + ` FROM ` + s.jobs + ` WHERE id = $1`
+	n.selfDone = `SELECT ` + cols + ` FROM ` + s.history + ` WHERE id = $1 LIMIT 1`
 	n.prereqEdges = `SELECT prereq, kind FROM ` + s.edges + ` WHERE job = $1`
-	// A job's type and state wherever it is; its kept type when deleted.
-	n.resolve = `SELECT x.id, COALESCE(j.type, h.type, k.type, ''), COALESCE(j.state, h.state, '')
-FROM unnest($1::uuid[]) WITH ORDINALITY AS x(id, i)
-LEFT JOIN ` + s.jobs + ` j ON j.id = x.id
-LEFT JOIN LATERAL (SELECT f.type, f.state FROM ` + s.history + ` f WHERE f.id = x.id AND j.id IS NULL LIMIT 1) h ON true
-LEFT JOIN LATERAL (SELECT i.type FROM ` + s.inputs + ` i WHERE i.id = x.id AND j.id IS NULL AND h.state IS NULL
-	ORDER BY i.finished_at DESC NULLS LAST, i.kept_at DESC LIMIT 1) k ON true
-ORDER BY x.i`
+	n.resolveLive = `SELECT id, type, state FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[])`
+	// Finished jobs' types and states; a deleted one's kept type.
+	n.resolveDone = `SELECT x.id, COALESCE(h.type, k.type, ''), COALESCE(h.state, '')
+FROM unnest($1::uuid[]) AS x(id)
+LEFT JOIN LATERAL (SELECT f.type, f.state FROM ` + s.history + ` f WHERE f.id = x.id LIMIT 1) h ON true
+LEFT JOIN LATERAL (SELECT i.type FROM ` + s.inputs + ` i WHERE i.id = x.id AND h.state IS NULL
+	ORDER BY i.finished_at DESC NULLS LAST, i.kept_at DESC LIMIT 1) k ON true`
 	// The nearest job of the key before or after an ID: live, finished in
 	// place, or finished.
 	near := func(cmp, order string) string {
@@ -147,7 +149,11 @@ func (s *Store) Graph(ctx context.Context, id uuid.UUID, limit, countCap int) (N
 	var okey, ukey *string
 	var prereqs [][16]byte
 	var lastErr string
-	err := s.graphRow(ctx, s.nb.self, id).Scan(&okey, &ukey, &prereqs, &lastErr)
+	dst := []any{&okey, &ukey, &prereqs, &lastErr}
+	err := s.graphRow(ctx, s.nb.selfLive, id).Scan(dst...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = s.graphRow(ctx, s.nb.selfDone, id).Scan(dst...)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return n, ErrNotFound
 	}
@@ -226,19 +232,44 @@ func (s *Store) graphPrereqs(ctx context.Context, n *Neighbourhood, id uuid.UUID
 	for i, e := range all {
 		ids[i] = e.id
 	}
-	rows, err = s.graphQuery(ctx, s.nb.resolve, ids)
+	found, err := s.resolve(ctx, ids)
 	if err != nil {
 		return err
 	}
-	i := 0
-	var nb Neighbour
-	_, err = pgx.ForEachRow(rows, []any{&nb.ID, &nb.Type, &nb.State}, func() error {
-		nb.Kind, nb.Deleted = all[i].kind, nb.State == ""
+	for _, e := range all {
+		nb := found[e.id]
+		nb.ID, nb.Kind, nb.Deleted = e.id, e.kind, nb.State == ""
 		n.Prereqs = append(n.Prereqs, nb)
-		i++
-		return nil
-	})
-	return err
+	}
+	return nil
+}
+
+// resolve reads the types and states of jobs, live or finished, by ID; a
+// job found nowhere has an empty state (and its type when job_inputs keeps
+// its result).
+func (s *Store) resolve(ctx context.Context, ids []uuid.UUID) (map[uuid.UUID]Neighbour, error) {
+	found := make(map[uuid.UUID]Neighbour, len(ids))
+	add := func(ns []Neighbour, err error) error {
+		for _, nb := range ns {
+			found[nb.ID] = nb
+		}
+		return err
+	}
+	if err := add(s.graphNodes(ctx, "", s.nb.resolveLive, ids)); err != nil {
+		return nil, err
+	}
+	var rest []uuid.UUID
+	for _, id := range ids {
+		if _, ok := found[id]; !ok {
+			rest = append(rest, id)
+		}
+	}
+	if len(rest) > 0 {
+		if err := add(s.graphNodes(ctx, "", s.nb.resolveDone, rest)); err != nil {
+			return nil, err
+		}
+	}
+	return found, nil
 }
 
 // graphDependents reads a job's dependents: pending edges, jobs that list
@@ -265,7 +296,7 @@ func (s *Store) graphDependents(ctx context.Context, n *Neighbourhood, id uuid.U
 		return err
 	}
 	if len(missing) > 0 {
-		found, err := s.graphNodes(ctx, "", s.nb.resolve, missing)
+		found, err := s.graphNodes(ctx, "", s.nb.resolveDone, missing)
 		if err != nil {
 			return err
 		}
