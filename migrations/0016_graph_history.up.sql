@@ -2,8 +2,8 @@
 -- consumed when its prerequisite ends; what is kept of it is found from
 -- the other side through these indexes of job_history, each paid for only
 -- by the finished jobs it holds. (Built in the migration's transaction:
--- finishes that move jobs into job_history wait until it commits, about
--- 10 s with 1,000,000 finished jobs, TestMeasureGraph.)
+-- finishes that move jobs into job_history wait until it commits: 3.7 s
+-- with 1,000,000 finished jobs, TestMeasureGraph.)
 --
 -- A dependency that completed is in the dependent's prereqs (0012): the
 -- finished dependents of a job, as jobs_prereqs_idx finds the live ones.
