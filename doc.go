@@ -62,8 +62,10 @@
 //
 // [Queue.Job] reads a job's record, [Queue.Wait] waits for it to finish
 // ([JobInfo.Err] tells whether it completed), [Queue.Cancel] cancels it,
-// and [Queue.Stats] counts jobs. [Queue.Every] and [Queue.Cron] enqueue
-// periodic jobs, exactly once per plan across all processes.
+// [Queue.Graph] shows the jobs around it (prerequisites and dependents,
+// pending or finished, with their states), and [Queue.Stats] counts jobs.
+// [Queue.Every] and [Queue.Cron] enqueue periodic jobs, exactly once per
+// plan across all processes.
 // [Queue.Processes] lists the live worker processes and their Work calls,
 // and [Queue.Schedules] the registered schedules with their last and next
 // plans, from any process. [Hooks] feed metrics and tracing.

@@ -268,6 +268,54 @@ func TestPagesRender(t *testing.T) {
 	require.Contains(t, u.page("/assets/style.css"), "prefers-color-scheme")
 }
 
+// TestJobPageShowsFinishedGraph: the job page draws the graph around
+// finished jobs too, each node in its final state (a completed chain, a
+// failed prerequisite and the dependent it cancelled), and a prerequisite
+// whose row is gone as deleted, without a link.
+func TestJobPageShowsFinishedGraph(t *testing.T) {
+	t.Parallel()
+	u := newUI(t)
+	ctx := context.Background()
+	enq := func(typ string, opts ...backlog.EnqueueOption) uuid.UUID {
+		t.Helper()
+		id, err := u.q.Enqueue(ctx, typ, nil, opts...)
+		require.NoError(t, err)
+		return id
+	}
+	// The seed's worker completes TypeOK, fails TypeFail and leaves
+	// TypeEmail available.
+	a := enq(seed.TypeOK, backlog.Tags{"tenant": "acme"})
+	b := enq(seed.TypeOK, backlog.Tags{"tenant": "acme"}, backlog.DependsOn(a))
+	c := enq(seed.TypeEmail, backlog.DependsOn(b))
+	f := enq(seed.TypeFail, backlog.Tags{"region": "eu"}, backlog.MaxAttempts(1))
+	g := enq(seed.TypeEmail, backlog.DependsOn(f))
+	waitState(t, u.q, b, backlog.StateCompleted)
+	waitState(t, u.q, c, backlog.StateAvailable)
+	waitState(t, u.q, g, backlog.StateCancelled)
+
+	node := func(page string, id uuid.UUID, state backlog.State) {
+		t.Helper()
+		re := regexp.MustCompile(`<a href="/jobs/` + id.String() + `" class="gnode"><title>[^<]* \(` + string(state) + `\) `)
+		require.Regexp(t, re, page)
+	}
+	page := u.page("/jobs/" + b.String())
+	require.NotContains(t, page, "No prerequisites or dependents")
+	node(page, a, backlog.StateCompleted)
+	node(page, c, backlog.StateAvailable)
+	node(u.page("/jobs/"+a.String()), b, backlog.StateCompleted)
+	node(u.page("/jobs/"+f.String()), g, backlog.StateCancelled)
+	node(u.page("/jobs/"+g.String()), f, backlog.StateFailed)
+
+	require.NoError(t, u.q.Delete(ctx, a))
+	page = u.page("/jobs/" + b.String())
+	require.NotContains(t, page, `href="/jobs/`+a.String()+`"`)
+	require.Contains(t, page, `<g class="gnode gdeleted"><title>`+seed.TypeOK+` (deleted: no longer kept) `+a.String()[24:]+`</title>`)
+	require.Contains(t, page, "deleted · "+a.String()[24:])
+
+	// A job alone says so.
+	require.Contains(t, u.page("/jobs/"+u.jobs.Available[0].String()), "No prerequisites or dependents.")
+}
+
 func TestFlowControlShown(t *testing.T) {
 	t.Parallel()
 	u := newUI(t)

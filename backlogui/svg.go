@@ -77,12 +77,13 @@ func buildChart(ts []backlog.Throughput, start time.Time, n int, step time.Durat
 }
 
 type gnode struct {
-	X, Y  float64
-	Href  string
-	Type  string
-	State backlog.State
-	ID    string
-	Self  bool
+	X, Y    float64
+	Href    string
+	Type    string
+	State   backlog.State
+	ID      string
+	Self    bool
+	Deleted bool // known by its ID only: no page to link to
 }
 
 type gedge struct {
@@ -113,6 +114,9 @@ const (
 
 // drawGraph lays the job out in three columns: its prerequisites, itself,
 // its dependents; edges run left to right (dashed: ordering-key edges).
+// Finished neighbours are drawn like live ones, in their final state; a
+// column with more than maxDrawn ends with how many more there are (those
+// drawn, and those the graph only counted).
 func drawGraph(info *backlog.JobInfo, g *backlog.JobGraph, base string) *graphDrawing {
 	d := &graphDrawing{NodeW: nodeW, NodeH: nodeH, Empty: len(g.Prerequisites) == 0 && len(g.Dependents) == 0}
 	rows := max(min(len(g.Prerequisites), maxDrawn), min(len(g.Dependents), maxDrawn), 1)
@@ -125,11 +129,14 @@ func drawGraph(info *backlog.JobInfo, g *backlog.JobGraph, base string) *graphDr
 	}
 	self := gnode{X: col(1), Y: rowY(0, 1), Href: base + "/jobs/" + info.ID.String(), Type: info.Type, State: info.State,
 		ID: shortID(info.ID.String()), Self: true}
-	place := func(ns []backlog.GraphNode, c int, left bool) {
+	place := func(ns []backlog.GraphNode, more int, atLeast bool, c int, left bool) {
 		shown := min(len(ns), maxDrawn)
 		for i, n := range ns[:shown] {
 			gn := gnode{X: col(c), Y: rowY(i, shown), Href: base + "/jobs/" + n.ID.String(), Type: n.Type, State: n.State,
-				ID: shortID(n.ID.String())}
+				ID: shortID(n.ID.String()), Deleted: n.Deleted}
+			if n.Deleted {
+				gn.Href = ""
+			}
 			d.Nodes = append(d.Nodes, gn)
 			e := gedge{Order: n.Order}
 			if left {
@@ -139,12 +146,16 @@ func drawGraph(info *backlog.JobInfo, g *backlog.JobGraph, base string) *graphDr
 			}
 			d.Edges = append(d.Edges, e)
 		}
-		if len(ns) > shown {
-			d.More = append(d.More, gmore{X: col(c), Y: d.H - 6, Text: fmt.Sprintf("+%d more", len(ns)-shown)})
+		if n := len(ns) - shown + more; n > 0 {
+			text := fmt.Sprintf("+%d more", n)
+			if atLeast {
+				text = fmt.Sprintf("+%d or more", n)
+			}
+			d.More = append(d.More, gmore{X: col(c), Y: d.H - 6, Text: text})
 		}
 	}
-	place(g.Prerequisites, 0, true)
-	place(g.Dependents, 2, false)
+	place(g.Prerequisites, g.MorePrerequisites, false, 0, true)
+	place(g.Dependents, g.MoreDependents, g.DependentsAtLeast, 2, false)
 	d.Nodes = append(d.Nodes, self)
 	return d
 }

@@ -60,4 +60,14 @@ func TestDrawGraphLayout(t *testing.T) {
 	if e := drawGraph(info, &backlog.JobGraph{}, ""); !e.Empty {
 		t.Error("a job without neighbours is not Empty")
 	}
+	// Counted beyond the lists; a deleted prerequisite has no link.
+	g.MoreDependents, g.DependentsAtLeast, g.MorePrerequisites = 100, true, 2
+	g.Prerequisites[0].Deleted = true
+	d = drawGraph(info, g, "/base")
+	if len(d.More) != 2 || d.More[0].Text != "+2 more" || d.More[1].Text != "+103 or more" {
+		t.Errorf("more %+v", d.More)
+	}
+	if !d.Nodes[0].Deleted || d.Nodes[0].Href != "" {
+		t.Errorf("deleted node %+v", d.Nodes[0])
+	}
 }

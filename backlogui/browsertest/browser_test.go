@@ -408,6 +408,19 @@ func (e *env) jobGraph(t *testing.T) {
 	if n := eval[int](e, `document.querySelectorAll('ol.chain li').length`); n != 3 {
 		t.Errorf("ordering chain: %d jobs, want 3", n)
 	}
+	// Finished jobs keep their graph, each node in its final state.
+	ctx := context.Background()
+	a, err := e.q.Enqueue(ctx, seed.TypeOK, nil)
+	must(t, err)
+	b, err := e.q.Enqueue(ctx, seed.TypeOK, nil, backlog.DependsOn(a))
+	must(t, err)
+	e.waitState(b, backlog.StateCompleted)
+	e.open("/jobs/" + b.String())
+	e.run(chromedp.WaitVisible(chromedp.CSS(`svg.graph`)))
+	if got := e.text(`svg.graph a.gnode[href$="` + a.String() + `"] .gsub`); !strings.HasPrefix(got, "completed · ") {
+		t.Errorf("the finished prerequisite's node says %q, want it completed", got)
+	}
+	e.shoot("job-graph-finished")
 }
 
 func (e *env) pauseType(t *testing.T) {

@@ -39,6 +39,43 @@ type jobJSON struct {
 	ConcurrencyKey string            `json:"concurrency_key,omitempty"`
 }
 
+// showJSON is a job as show --json prints it: its record and the graph
+// around it (Queue.Graph).
+type showJSON struct {
+	jobJSON
+	Prerequisites     []nodeJSON `json:"prerequisites"`
+	Dependents        []nodeJSON `json:"dependents"`
+	MorePrerequisites int        `json:"more_prerequisites,omitempty"`
+	MoreDependents    int        `json:"more_dependents,omitempty"`
+	// MoreDependentsAtLeast: counting stopped; MoreDependents is a lower
+	// bound.
+	MoreDependentsAtLeast bool `json:"more_dependents_at_least,omitempty"`
+}
+
+// nodeJSON is a neighbour of a job.
+type nodeJSON struct {
+	ID      uuid.UUID     `json:"id"`
+	Type    string        `json:"type,omitempty"`
+	State   backlog.State `json:"state,omitempty"`
+	Edge    string        `json:"edge"` // depends or order
+	Deleted bool          `json:"deleted,omitempty"`
+}
+
+func nodesView(ns []backlog.GraphNode) []nodeJSON {
+	out := make([]nodeJSON, len(ns))
+	for i, n := range ns {
+		out[i] = nodeJSON{ID: n.ID, Type: n.Type, State: n.State, Edge: edgeKind(n), Deleted: n.Deleted}
+	}
+	return out
+}
+
+func edgeKind(n backlog.GraphNode) string {
+	if n.Order {
+		return "order"
+	}
+	return "depends"
+}
+
 type attemptJSON struct {
 	Attempt int       `json:"attempt"`
 	At      time.Time `json:"at"`
@@ -130,8 +167,11 @@ same flags, for the next page.`,
 func (a *app) showCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "show ID",
-		Short: "Show a job: its record, args, result and error history",
-		Args:  args(cobra.ExactArgs(1)),
+		Short: "Show a job: its record, args, result, error history and graph",
+		Long: `Show a job: its record, args, result and error history, and the graph
+around it: its prerequisites and dependents, pending or finished, each with
+its state (a finished job's graph is kept as long as the jobs are).`,
+		Args: args(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			ids, err := parseIDs(argv)
 			if err != nil {
@@ -145,12 +185,51 @@ func (a *app) showCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if a.json {
-				return writeJSON(cmd.OutOrStdout(), jobView(j))
+			g, err := q.Graph(cmd.Context(), ids[0])
+			if err != nil {
+				return err
 			}
-			return printJob(cmd.OutOrStdout(), j)
+			out := cmd.OutOrStdout()
+			if a.json {
+				return writeJSON(out, showJSON{jobJSON: jobView(j), Prerequisites: nodesView(g.Prerequisites),
+					Dependents: nodesView(g.Dependents), MorePrerequisites: g.MorePrerequisites,
+					MoreDependents: g.MoreDependents, MoreDependentsAtLeast: g.DependentsAtLeast})
+			}
+			if err := printJob(out, j); err != nil {
+				return err
+			}
+			if err := printNodes(out, "Prerequisites", g.Prerequisites, g.MorePrerequisites, false); err != nil {
+				return err
+			}
+			return printNodes(out, "Dependents", g.Dependents, g.MoreDependents, g.DependentsAtLeast)
 		},
 	}
+}
+
+// printNodes prints one side of a job's graph, when it has any.
+func printNodes(out io.Writer, title string, ns []backlog.GraphNode, more int, atLeast bool) error {
+	if len(ns) == 0 && more == 0 {
+		return nil
+	}
+	fmt.Fprintf(out, "\n%s:\n", title)
+	t := newTable(out, "ID", "TYPE", "STATE", "EDGE")
+	for _, n := range ns {
+		state := string(n.State)
+		if n.Deleted {
+			state = "deleted"
+		}
+		t.row(n.ID, n.Type, state, edgeKind(n))
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	switch {
+	case more > 0 && atLeast:
+		fmt.Fprintf(out, "and at least %d more\n", more)
+	case more > 0:
+		fmt.Fprintf(out, "and %d more\n", more)
+	}
+	return nil
 }
 
 func printJob(out io.Writer, j *backlog.JobInfo) error {

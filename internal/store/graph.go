@@ -197,7 +197,7 @@ SELECT count(*) FROM upd`
 		state = CASE WHEN agg.bad IS NOT NULL THEN 'cancelled'
 		             WHEN j.blocked_by - agg.n <= 0 THEN (CASE WHEN j.run_at > now() THEN 'scheduled' ELSE 'available' END)
 		             ELSE 'blocked' END,
-		last_error = CASE WHEN agg.bad IS NOT NULL THEN 'cancelled: prerequisite ' || agg.bad ELSE j.last_error END,
+		last_error = CASE WHEN agg.bad IS NOT NULL THEN '` + cancelPrefix + `' || agg.bad ELSE j.last_error END,
 		finished_at = CASE WHEN agg.bad IS NOT NULL THEN now() END
 	FROM agg WHERE j.id = agg.job AND j.state = 'blocked'
 	RETURNING j.id, j.state, j.type, j.tags, j.run_at, j.notify_done

@@ -253,7 +253,7 @@ func (g *graphInsert) planEdges(context.Context) error {
 				g.cJ, g.cP = append(g.cJ, j.ID), append(g.cP, d)
 			case st == "failed" || st == "cancelled":
 				if g.lastErr[i] == nil {
-					msg := fmt.Sprintf("cancelled: prerequisite %s %s", d, st)
+					msg := fmt.Sprintf("%s%s %s", cancelPrefix, d, st)
 					g.lastErr[i] = &msg
 					g.out[i].State = "cancelled"
 				}

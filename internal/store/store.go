@@ -82,6 +82,7 @@ type Store struct {
 	sched   schedSQL
 	in      inputsSQL
 	okeys   orderKeysSQL
+	nb      neighboursSQL
 }
 
 // ChannelName is the NOTIFY channel used for a schema.
@@ -100,6 +101,7 @@ func New(pool *pgxpool.Pool, schema string) *Store {
 	s.buildGraph()
 	s.buildOrderKeys()
 	s.buildInputs()
+	s.buildNeighbours()
 	s.buildMaintenance()
 	s.buildHistory()
 	s.buildCounts()

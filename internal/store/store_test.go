@@ -77,6 +77,7 @@ func TestStatementsPrepare(t *testing.T) {
 	check(reflect.ValueOf(s.control), "control.")
 	check(reflect.ValueOf(s.procs), "procs.")
 	check(reflect.ValueOf(s.sched), "sched.")
+	check(reflect.ValueOf(s.nb), "nb.")
 	require.Greater(t, n, 40)
 }
 
