@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -471,4 +474,97 @@ func TestRetryDependentEnqueuedByAnEarlierVersion(t *testing.T) {
 	close(r.gate)
 	r.e.waitState(dep, 10*time.Second, backlog.StateCompleted)
 	r.requireSaw(dep, pre)
+}
+
+// Retries of failed DAGs by hand racing the workers, each other and a
+// RetryWhere: prerequisites and dependents retried in either order, some
+// of them on shared ordering keys. Every dependent runs once its
+// prerequisite completed, sees its result, and everything completes; no
+// deadlock, no claim failing.
+func TestRetryDAGsRacingTheWorkers(t *testing.T) {
+	t.Parallel()
+	rec := &logRecorder{}
+	e := newEnv(t, backlog.WithLogger(slog.New(rec)))
+	ctx := context.Background()
+	var bad atomic.Int64
+	var badMsg atomic.Value
+	mux := backlog.NewMux()
+	mux.HandleFunc("p", func(ctx context.Context, job *backlog.Job) error {
+		if job.Attempt == 1 {
+			return backlog.Permanent(errors.New("first attempt fails"))
+		}
+		<-time.After(time.Duration(rand.IntN(3000)) * time.Microsecond) // the handler's work
+		return job.SetResult(fromResult{From: job.ID})
+	})
+	mux.HandleFunc("d", func(ctx context.Context, job *backlog.Job) error {
+		ps, err := job.Prerequisites(ctx)
+		if err != nil {
+			return err
+		}
+		if len(ps) != 1 || ps[0].State != backlog.StateCompleted || !strings.Contains(string(ps[0].Result), ps[0].ID.String()) {
+			bad.Add(1)
+			badMsg.Store(fmt.Sprintf("%s ran with %+v", job.ID, ps))
+		}
+		return nil
+	})
+	work(t, e.q, mux, backlog.Concurrency(8))
+	const n = 40
+	pre, dep := make([]uuid.UUID, n), make([]uuid.UUID, n)
+	for i := range n {
+		var err error
+		pre[i], err = e.q.Enqueue(ctx, "p", nil, backlog.MaxAttempts(1))
+		require.NoError(t, err)
+		var opts []backlog.EnqueueOption
+		if i%2 == 0 {
+			opts = append(opts, backlog.OrderingKey(fmt.Sprint("k", i%3)))
+		}
+		dep[i], err = e.q.Enqueue(ctx, "d", nil, append(opts, backlog.DependsOn(pre[i]))...)
+		require.NoError(t, err)
+	}
+	for i := range n {
+		e.waitState(dep[i], 20*time.Second, backlog.StateCancelled)
+	}
+	errs := make(chan error, 3*n+1)
+	var wg sync.WaitGroup
+	retry := func(id uuid.UUID) error {
+		_, err := e.q.Retry(ctx, id)
+		if errors.Is(err, backlog.ErrBlocked) || errors.Is(err, backlog.ErrRunning) {
+			return nil // retried meanwhile by another caller
+		}
+		return err
+	}
+	for i := range n {
+		wg.Go(func() {
+			<-time.After(time.Duration(rand.IntN(5000)) * time.Microsecond) // spread the calls
+			if i%2 == 0 {
+				// The dependent first: refused, or (when the RetryWhere
+				// retried the prerequisite meanwhile) waiting.
+				if err := retry(dep[i]); err != nil && !errors.Is(err, backlog.ErrPrerequisiteFailed) {
+					errs <- err
+				}
+			}
+			if err := retry(pre[i]); err != nil {
+				errs <- err
+			}
+			if err := retry(dep[i]); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Go(func() {
+		if _, err := e.q.RetryWhere(ctx, backlog.Filter{}); err != nil {
+			errs <- err
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	for i := range n {
+		e.waitState(dep[i], 30*time.Second, backlog.StateCompleted)
+	}
+	require.Zero(t, bad.Load(), "%v", badMsg.Load())
+	require.Empty(t, rec.matching("deadlock"))
+	require.Empty(t, rec.matching("claiming jobs failed"))
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/backlogq/backlog/internal/pgerr"
 )
 
 // A finished job retried by hand takes its place in the graph again. Its
@@ -48,7 +50,7 @@ func (e *PrerequisiteError) Unwrap() error { return ErrPrerequisiteFailed }
 var cancelledBy = regexp.MustCompile(`^cancelled: prerequisite ([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}) (failed|cancelled)$`)
 
 type retrySQL struct {
-	own, edgesIn, historyStates string
+	own, edgesIn, historyStates, lockNowait string
 }
 
 func (s *Store) buildRetry() {
@@ -56,6 +58,7 @@ func (s *Store) buildRetry() {
 	r.own = `SELECT prereqs, last_error FROM ` + s.jobs + ` WHERE id = $1
 UNION ALL SELECT prereqs, last_error FROM ` + s.history + ` WHERE id = $1 LIMIT 1`
 	r.edgesIn = `SELECT prereq, kind FROM ` + s.edges + ` WHERE job = $1`
+	r.lockNowait = `SELECT id, state, type, tags, run_at FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE NOWAIT`
 	// By ranges of IDs: job_history's BRIN index answers a range with one
 	// scan, "id = ANY" with one scan per ID (see ExistingIDs).
 	r.historyStates = `SELECT h.id, h.state FROM unnest($2::uuid[], $3::uuid[]) AS r(lo, hi)
@@ -169,11 +172,63 @@ func (s *Store) planRetry(ctx context.Context, tx pgx.Tx, id uuid.UUID, okey str
 
 // lockUpstream takes FOR KEY SHARE on the live ones of ids (sorted), and
 // returns the states of all of them that exist, read after the lock.
+//
+// A job found in neither table may be moving between them (a retry moves
+// it from job_history to jobs, the retirer back) between the statements
+// that look, each on its own snapshot: it is looked for again, in jobs,
+// then in job_history, each direction covered once more. A job not found
+// then is gone. The late look in jobs takes its lock out of ID order, so
+// only with NOWAIT: a busy row restarts the transaction with it in the
+// lock plan (runGraphTx).
 func (s *Store) lockUpstream(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, rp *retryPlan) (map[uuid.UUID]string, error) {
 	states := make(map[uuid.UUID]string, len(ids))
-	rows, err := tx.Query(ctx, s.graph.lockPrereqs, Mode, ids)
+	missing := func(ids []uuid.UUID) []uuid.UUID {
+		var out []uuid.UUID
+		for _, id := range ids {
+			if _, ok := states[id]; !ok {
+				out = append(out, id)
+			}
+		}
+		return out
+	}
+	if err := s.lockLive(ctx, tx, s.graph.lockPrereqs, ids, states, rp); err != nil {
+		return nil, err
+	}
+	for round := 0; round < 2; round++ {
+		gone := missing(ids)
+		if len(gone) == 0 {
+			break
+		}
+		if err := s.finishedStates(ctx, tx, gone, states); err != nil {
+			return nil, err
+		}
+		if gone = missing(gone); len(gone) == 0 || round == 1 {
+			break
+		}
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.lockLive(ctx, sp, s.retry.lockNowait, gone, states, rp); err != nil {
+			_ = sp.Rollback(ctx)
+			if pgerr.Busy(err) {
+				return nil, &restartError{rows: gone}
+			}
+			return nil, err
+		}
+		if err := sp.Commit(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return states, nil
+}
+
+// lockLive runs a locking read of ids in jobs (lockPrereqs' columns) and
+// records their states, and the available ones in rp.locked.
+func (s *Store) lockLive(ctx context.Context, tx pgx.Tx, sql string, ids []uuid.UUID, states map[uuid.UUID]string, rp *retryPlan) error {
+	rows, err := tx.Query(ctx, sql, Mode, ids)
 	if err != nil {
-		return nil, fmt.Errorf("locking prerequisites: %w", err)
+		return fmt.Errorf("locking prerequisites: %w", err)
 	}
 	var (
 		id    uuid.UUID
@@ -189,27 +244,25 @@ func (s *Store) lockUpstream(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, rp
 		}
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("locking prerequisites: %w", err)
+		return fmt.Errorf("locking prerequisites: %w", err)
 	}
-	var gone []uuid.UUID
-	for _, id := range ids {
-		if _, ok := states[id]; !ok {
-			gone = append(gone, id)
-		}
-	}
-	if len(gone) == 0 {
-		return states, nil
-	}
-	lo, hi := idRanges(gone, 1000)
-	rows, err = tx.Query(ctx, s.retry.historyStates, Mode, ids16(gone), ids16(lo), ids16(hi))
+	return nil
+}
+
+// finishedStates records the states of those of ids in job_history.
+func (s *Store) finishedStates(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, states map[uuid.UUID]string) error {
+	lo, hi := idRanges(ids, 1000)
+	rows, err := tx.Query(ctx, s.retry.historyStates, Mode, ids16(ids), ids16(lo), ids16(hi))
 	if err != nil {
-		return nil, fmt.Errorf("reading finished prerequisites: %w", err)
+		return fmt.Errorf("reading finished prerequisites: %w", err)
 	}
+	var id uuid.UUID
+	var state string
 	if _, err := pgx.ForEachRow(rows, []any{&id, &state}, func() error {
 		states[id] = state
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("reading finished prerequisites: %w", err)
+		return fmt.Errorf("reading finished prerequisites: %w", err)
 	}
-	return states, nil
+	return nil
 }
