@@ -22,21 +22,32 @@ var (
 	// ErrUniqueKeyHeld is returned by Retry when another live job holds the
 	// job's unique key.
 	ErrUniqueKeyHeld = errors.New("backlog: another live job holds the job's unique key")
+	// ErrPrerequisiteFailed is returned by Retry for a job one of whose
+	// prerequisites (DependsOn) failed or was cancelled and has not been
+	// retried: retry that one first (the error names it), then the job,
+	// which then waits for it.
+	ErrPrerequisiteFailed = errors.New("backlog: a prerequisite of the job failed or was cancelled; retry it first")
 )
 
 // bulkPage is how many jobs a bulk action handles per batch.
 const bulkPage = 500
 
 // Retry runs a finished (completed, failed or cancelled) job again and
-// returns its new state: available, due now, or blocked when its ordering
-// key has live jobs (it runs after them, at the end of its key's queue).
-// Its attempts and error history are kept, one more attempt is granted
-// when they are used up, and its result is cleared. A scheduled or
-// available job is made due now. Jobs that the job's failure cancelled
-// (its dependents) stay cancelled: retry them too. A running job returns
-// ErrRunning, a blocked one ErrBlocked, an unknown one ErrNotFound, and
-// ErrUniqueKeyHeld when another live job took the job's unique key
-// meanwhile.
+// returns its new state: available, due now, or blocked when it must
+// wait: behind the live jobs of its ordering key (at the end of its key's
+// queue), and for those of its prerequisites (DependsOn) that are live
+// again because they were retried (it is released when they complete,
+// and reads their results as a dependent does). Its attempts and error
+// history are kept, one more attempt is granted when they are used up,
+// and its result is cleared. A scheduled or available job is made due
+// now. Jobs that the job's failure cancelled (its dependents) stay
+// cancelled: retry them too, after it. A running job returns ErrRunning,
+// a blocked one ErrBlocked, an unknown one ErrNotFound, ErrUniqueKeyHeld
+// when another live job took the job's unique key meanwhile, and
+// ErrPrerequisiteFailed when one of its prerequisites failed or was
+// cancelled and has not been retried (nothing changes: retry the
+// prerequisite first). A prerequisite whose record is gone (deleted, or
+// past its retention) does not hold the job back.
 func (q *Queue) Retry(ctx context.Context, id uuid.UUID) (State, error) {
 	if q.isClosed() {
 		return "", ErrClosed
@@ -68,6 +79,10 @@ func (q *Queue) Delete(ctx context.Context, id uuid.UUID) error {
 
 // actionErr maps the store's errors of an action on one job.
 func (q *Queue) actionErr(ctx context.Context, what string, id uuid.UUID, err error) error {
+	var pe *store.PrerequisiteError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s job %s: prerequisite %s %s: %w", what, id, pe.ID, pe.State, ErrPrerequisiteFailed)
+	}
 	for _, m := range []struct{ from, to error }{
 		{store.ErrNotFound, ErrNotFound}, {store.ErrRunning, ErrRunning}, {store.ErrBlocked, ErrBlocked},
 		{store.ErrUniqueKeyHeld, ErrUniqueKeyHeld},
@@ -87,17 +102,58 @@ func (q *Queue) actionErr(ctx context.Context, what string, id uuid.UUID, err er
 // cancelled; it defaults to failed and cancelled. It works through the
 // jobs in batches of a few hundred, each its own statement, so workers go
 // on meanwhile; jobs that change under it (a retried job's unique key
-// taken again, say) are skipped.
+// taken again, say) are skipped. It keeps the graph's order whatever
+// order it meets the jobs in: a dependent met before its failed
+// prerequisite is retried after it, and waits for it; a dependent whose
+// failed or cancelled prerequisite f does not select is skipped
+// (ErrPrerequisiteFailed).
 func (q *Queue) RetryWhere(ctx context.Context, f Filter) (int, error) {
 	f, err := restrictStates(f, "retry", []State{StateFailed, StateCancelled},
 		[]State{StateCompleted, StateFailed, StateCancelled})
 	if err != nil {
 		return 0, err
 	}
-	return q.bulk(ctx, f, q.store.RetryBatch, func(id uuid.UUID) error {
+	// Dependents refused because a prerequisite has not been retried yet
+	// are tried again once the pages are done, as long as a pass retries
+	// some (each pass is a level further down the graph).
+	var later []uuid.UUID
+	n, err := q.bulk(ctx, f, q.store.RetryBatch, func(id uuid.UUID) error {
 		_, err := q.Retry(ctx, id)
+		if errors.Is(err, ErrPrerequisiteFailed) {
+			later = append(later, id)
+		}
 		return err
 	})
+	for err == nil && len(later) > 0 {
+		again := later
+		later = nil
+		for _, id := range again {
+			switch _, rerr := q.Retry(ctx, id); {
+			case rerr == nil:
+				n++
+			case errors.Is(rerr, ErrPrerequisiteFailed):
+				later = append(later, id)
+			case skippable(rerr):
+			default:
+				return n, rerr
+			}
+		}
+		if len(later) == len(again) {
+			break
+		}
+	}
+	return n, err
+}
+
+// skippable reports whether a bulk action's error on one job means the job
+// changed meanwhile (or must wait), so it is skipped.
+func skippable(err error) bool {
+	for _, e := range []error{ErrNotFound, ErrRunning, ErrBlocked, ErrUniqueKeyHeld, ErrPrerequisiteFailed} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // CancelWhere cancels (as Cancel does) the live jobs f selects, and
@@ -184,7 +240,7 @@ func (q *Queue) bulk(ctx context.Context, f Filter, batch func(context.Context, 
 				switch err := one(id); {
 				case err == nil:
 					n++
-				case errors.Is(err, ErrNotFound), errors.Is(err, ErrRunning), errors.Is(err, ErrBlocked), errors.Is(err, ErrUniqueKeyHeld):
+				case skippable(err):
 				default:
 					return n, err
 				}

@@ -75,9 +75,11 @@ type Job struct {
 // SetResult records a small JSON result, stored with the job when the
 // handler returns nil. json.RawMessage and []byte are taken as JSON text.
 // When v does not marshal, is larger than MaxResultBytes, or holds what
-// PostgreSQL cannot store (a \u0000 character, an unpaired surrogate), it
-// returns a permanent error (matching ErrInvalid), and the job fails with
-// it whatever the handler returns.
+// PostgreSQL cannot store (a \u0000 character, an unpaired surrogate, a
+// number out of numeric's range such as 1e200000), it returns a permanent
+// error (matching ErrInvalid, an *InputError naming the result), and the
+// job fails with it whatever the handler returns, unless a later call
+// sets a result that can be stored.
 func (j *Job) SetResult(v any) error {
 	b, err := encodeJSON("result", v, MaxResultBytes)
 	// A retry would produce the same result: the error is permanent.

@@ -112,66 +112,6 @@ func validateMetadata(m map[string]string) (json.RawMessage, error) {
 	return b, nil
 }
 
-// validateStoredJSON checks that valid JSON text can be stored as jsonb:
-// valid UTF-8, no \u0000 escape (jsonb cannot hold a NUL character), and no
-// unpaired UTF-16 surrogate escape (which PostgreSQL rejects).
-func validateStoredJSON(field string, b []byte) error {
-	if !utf8.Valid(b) {
-		return invalid(field, "not valid UTF-8")
-	}
-	for i := 0; i < len(b); i++ {
-		if b[i] != '\\' {
-			continue
-		}
-		i++ // the escaped character; in valid JSON a backslash is always inside a string
-		if i >= len(b) || b[i] != 'u' {
-			continue
-		}
-		r, ok := hex4(b, i+1)
-		if !ok {
-			continue // json.Valid rejected this already
-		}
-		i += 4
-		switch {
-		case r == 0:
-			return invalid(field, `contains a NUL character (\u0000), which PostgreSQL cannot store`)
-		case r >= 0xDC00 && r <= 0xDFFF:
-			return invalid(field, `contains an unpaired UTF-16 surrogate (\u%04x), which PostgreSQL rejects`, r)
-		case r >= 0xD800 && r <= 0xDBFF:
-			lo, ok := rune(0), false
-			if i+2 < len(b) && b[i+1] == '\\' && b[i+2] == 'u' {
-				lo, ok = hex4(b, i+3)
-			}
-			if !ok || lo < 0xDC00 || lo > 0xDFFF {
-				return invalid(field, `contains an unpaired UTF-16 surrogate (\u%04x), which PostgreSQL rejects`, r)
-			}
-			i += 6
-		}
-	}
-	return nil
-}
-
-// hex4 decodes the four hex digits at b[at:].
-func hex4(b []byte, at int) (rune, bool) {
-	if at+4 > len(b) {
-		return 0, false
-	}
-	var r rune
-	for _, c := range b[at : at+4] {
-		switch {
-		case c >= '0' && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return 0, false
-		}
-	}
-	return r, true
-}
-
 // encodeJSON turns v into JSON text PostgreSQL can store: raw JSON
 // (json.RawMessage or []byte) is validated, anything else marshalled. The
 // result must fit limit bytes.

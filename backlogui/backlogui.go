@@ -249,7 +249,7 @@ func statusOf(err error) int {
 	case errors.Is(err, backlog.ErrNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, backlog.ErrRunning), errors.Is(err, backlog.ErrBlocked), errors.Is(err, backlog.ErrUniqueKeyHeld),
-		errors.Is(err, backlog.ErrRetryable):
+		errors.Is(err, backlog.ErrPrerequisiteFailed), errors.Is(err, backlog.ErrRetryable):
 		return http.StatusConflict
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -198,6 +199,7 @@ func decodeClaimed(v [][]byte, jsonText *[claimColumns]bool, c *Claimed, res *Cl
 		if c.Prereqs, err = decodeUUIDArray(v[17]); err != nil {
 			return false, err
 		}
+		c.Prereqs = dropRepeats(c.Prereqs)
 	}
 	return true, nil
 }
@@ -276,6 +278,35 @@ func scanClaimed(rows pgx.Rows, c *Claimed, res *ClaimResult) (bool, error) {
 		for i, p := range prereqs {
 			c.Prereqs[i] = p
 		}
+		c.Prereqs = dropRepeats(c.Prereqs)
 	}
 	return true, nil
+}
+
+// dropRepeats removes repeated IDs, keeping the first of each. A job
+// enqueued by this version lists its prerequisites from the start; a
+// process of version 13 releasing it appends those that completed again
+// (during a rolling upgrade to migration 0018).
+func dropRepeats(ids []uuid.UUID) []uuid.UUID {
+	if len(ids) < 2 {
+		return ids
+	}
+	seen := make(map[uuid.UUID]struct{}, len(ids))
+	var out []uuid.UUID // nil until a repeat is found
+	for i, id := range ids {
+		if _, dup := seen[id]; dup {
+			if out == nil {
+				out = slices.Clone(ids[:i])
+			}
+			continue
+		}
+		seen[id] = struct{}{}
+		if out != nil {
+			out = append(out, id)
+		}
+	}
+	if out == nil {
+		return ids
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -18,8 +19,9 @@ import (
 // fenced by the job's state, so a worker finishing the job at the same
 // moment either goes first (and the operation sees the finished job) or
 // waits for it. The batch forms take the jobs a single statement can
-// handle alone (no ordering key, no unique key, no dependents) and leave
-// the others, which the caller hands to the single forms.
+// handle alone (no ordering key, no unique key, no dependents; for a
+// retry, no prerequisites) and leave the others, which the caller hands
+// to the single forms.
 
 // Errors of the operator writes.
 var (
@@ -59,9 +61,15 @@ INSERT INTO ` + s.jobs + ` (` + cols + `) ` + fmt.Sprintf(back, "$2", "$3") + ` 
 		return `finished_at BETWEEN $2 AND $3` + states + ` AND (id = ANY($1::uuid[])) IS TRUE`
 	}
 	const failed = ` AND state IN ('failed', 'cancelled')`
+	// Jobs with prerequisites (listed, named by the reason of a cascade, or
+	// with an edge still pointing at them) go through Retry one by one:
+	// they may have to wait.
 	retry := func(where string) string {
 		return `WITH h AS (
-	DELETE FROM ` + s.history + ` WHERE ` + where + ` AND ordering_key IS NULL AND unique_key IS NULL RETURNING *
+	DELETE FROM ` + s.history + ` hj WHERE ` + where + ` AND ordering_key IS NULL AND unique_key IS NULL
+	  AND prereqs IS NULL AND (last_error LIKE 'cancelled: prerequisite %') IS NOT TRUE
+	  AND NOT EXISTS (SELECT 1 FROM ` + s.edges + ` e WHERE e.job = hj.id)
+	RETURNING *
 )
 INSERT INTO ` + s.jobs + ` (` + cols + `) ` + fmt.Sprintf(back, "'available'", "0") + ` FROM h RETURNING id, type, tags`
 	}
@@ -127,11 +135,14 @@ func (s *Store) Delete(ctx context.Context, id uuid.UUID) (ControlOutcome, error
 	return out, err
 }
 
-// Retry makes a finished job available now (blocked instead, behind the
-// tail of its ordering key's chain, when that has live jobs): its
-// attempts and errors are kept, one more attempt is granted when they are
-// used up, its result is cleared. A scheduled or available job is made
-// due now. Dependents that the job's failure cancelled stay cancelled.
+// Retry makes a finished job available now, or blocked when it must
+// wait (retry.go): for its prerequisites that are live again (retried
+// themselves), and behind the tail of its ordering key's chain when that
+// has live jobs. Its attempts and errors are kept, one more attempt is
+// granted when they are used up, its result is cleared. A scheduled or
+// available job is made due now. A prerequisite that failed or was
+// cancelled refuses the retry with a *PrerequisiteError. Dependents that
+// the job's failure cancelled stay cancelled.
 func (s *Store) Retry(ctx context.Context, id uuid.UUID) (ControlOutcome, error) {
 	g := &s.graph
 	var out ControlOutcome
@@ -153,34 +164,17 @@ func (s *Store) Retry(ctx context.Context, id uuid.UUID) (ControlOutcome, error)
 			out.State = "available"
 			return nil
 		}
-		// Finished: behind its key's chain (key, then the tail: upstream,
-		// then the job).
-		var tail *uuid.UUID
-		if okey != "" {
-			if !containsKey(p.keys, okey) {
-				return &restartError{keys: []string{okey}}
-			}
-			// The job joins the key's chain: the key's row records it
-			// (orderkeys.go).
-			tails, err := s.tails(ctx, tx, []string{okey}, []uuid.UUID{id})
-			if err != nil {
-				return err
-			}
-			if t, ok := tails[okey]; ok && t != id {
-				var st string
-				err := tx.QueryRow(ctx, `SELECT state FROM `+s.jobs+` WHERE id = $1 FOR KEY SHARE`, Mode, t).Scan(&st)
-				switch {
-				case errors.Is(err, pgx.ErrNoRows):
-				case err != nil:
-					return err
-				case !terminal(st):
-					tail = &t
-				}
-			}
+		// Finished: the key first, then the upstream rows, then the job.
+		if okey != "" && !containsKey(p.keys, okey) {
+			return &restartError{keys: []string{okey}}
 		}
-		state, blocked := "available", 0
-		if tail != nil {
-			state, blocked = "blocked", 1
+		rp, err := s.planRetry(ctx, tx, id, okey)
+		if err != nil {
+			return err
+		}
+		state, blocked := "available", len(rp.edges)
+		if blocked > 0 {
+			state = "blocked"
 		}
 		tag, err := tx.Exec(ctx, s.control.retryInPlace, Mode, id, state, blocked)
 		if err == nil && tag.RowsAffected() == 0 {
@@ -195,18 +189,30 @@ func (s *Store) Retry(ctx context.Context, id uuid.UUID) (ControlOutcome, error)
 		if tag.RowsAffected() == 0 {
 			return errStateChanged
 		}
-		if tail != nil {
-			if _, err := tx.Exec(ctx, g.edges, Mode, []uuid.UUID{*tail}, []uuid.UUID{id}, []string{"order"}); err != nil {
+		if blocked > 0 {
+			var ps, js []uuid.UUID
+			var ks []string
+			for _, e := range rp.edges {
+				ps, js, ks = append(ps, e.prereq), append(js, id), append(ks, e.kind)
+			}
+			if _, err := tx.Exec(ctx, g.edges, Mode, ps, js, ks); err != nil {
 				return err
 			}
 		}
-		out.State = state
+		if len(rp.done) > 0 {
+			// Given their results again: the release that did it once
+			// may be long gone, and with it the kept copy.
+			if err := s.recordInputs(ctx, tx, slices.Repeat([]uuid.UUID{id}, len(rp.done)), rp.done); err != nil {
+				return fmt.Errorf("keeping prerequisites' results: %w", err)
+			}
+		}
+		out.State, out.Avail = state, rp.locked
 		return nil
 	})
 	if err == nil && out.State == "available" {
 		var a Avail
 		if qerr := s.pool.QueryRow(ctx, `SELECT type, tags FROM `+s.jobs+` WHERE id = $1`, Mode, id).Scan(&a.Type, &a.Tags); qerr == nil {
-			out.Avail = []Avail{a}
+			out.Avail = append(out.Avail, a)
 		}
 	}
 	return out, err
@@ -267,8 +273,8 @@ func (b *Batch) finished(all, failed string) string {
 	return all
 }
 
-// RetryBatch makes the finished jobs of b that have neither ordering nor
-// unique key available now, in one statement.
+// RetryBatch makes the finished jobs of b that have neither ordering key,
+// unique key nor prerequisites available now, in one statement.
 func (s *Store) RetryBatch(ctx context.Context, b Batch) (BatchOutcome, error) {
 	var out BatchOutcome
 	if b.From.IsZero() {

@@ -44,7 +44,8 @@ import (
 // # Lock modes
 //
 //   - Adding a dependent to a job (enqueue with DependsOn or an ordering
-//     key, splicing a chain) takes FOR KEY SHARE on the job's row and reads
+//     key, splicing a chain, a retry by hand putting a finished job back
+//     behind it: retry.go) takes FOR KEY SHARE on the job's row and reads
 //     its state after the lock; the job's row itself is never written. So
 //     a caller's transaction that enqueued a dependent holds nothing
 //     stronger than KEY SHARE on the prerequisite for as long as it stays
@@ -112,19 +113,23 @@ WHERE NOT pg_try_advisory_xact_lock(hashtext($1), hashtext(k))`
 	// available one is skipped by concurrent claims while locked: the
 	// caller announces it, to be delivered when the lock goes (at commit).
 	g.lockPrereqs = `SELECT id, state, type, tags, run_at FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE`
-	cols := `(id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state, blocked_by, ordering_key, unique_key, last_error, finished_at, concurrency_key, meta)`
-	// A job that would be available but is due later is scheduled.
+	cols := `(id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state, blocked_by, ordering_key, unique_key, last_error, finished_at, concurrency_key, meta, prereqs)`
+	// A job that would be available but is due later is scheduled. A job
+	// with dependencies lists them all in prereqs from the start (passed as
+	// comma-separated text: unnest cannot take an array of arrays), so a
+	// retry by hand knows what it must wait for after its edges are gone
+	// (control.go).
 	sel := `SELECT t.id, t.type, t.args, t.tags, t.priority, t.run_at, t.max_attempts, t.timeout_ms,
 	       CASE WHEN t.state = 'available' AND t.run_at > now() THEN 'scheduled' ELSE t.state END,
 	       t.blocked_by, t.ordering_key, t.unique_key, t.last_error,
-	       CASE WHEN t.state = 'cancelled' THEN now() END, t.concurrency_key, t.meta
+	       CASE WHEN t.state = 'cancelled' THEN now() END, t.concurrency_key, t.meta, string_to_array(t.prereqs, ',')::uuid[]
 	FROM (SELECT u.id, u.type, u.args, u.tags, u.priority, COALESCE(u.run_at, now() + u.delay_ms * interval '1 millisecond') AS run_at,
 	             u.max_attempts, u.timeout_ms, u.state, u.blocked_by, u.ordering_key, u.unique_key, u.last_error,
-	             u.concurrency_key, u.meta
+	             u.concurrency_key, u.meta, u.prereqs
 	      FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::jsonb[], $5::smallint[], $6::timestamptz[], $7::bigint[], $8::integer[],
-	                  $9::bigint[], $10::text[], $11::integer[], $12::text[], $13::text[], $14::text[], $15::text[], $16::jsonb[])
+	                  $9::bigint[], $10::text[], $11::integer[], $12::text[], $13::text[], $14::text[], $15::text[], $16::jsonb[], $17::text[])
 	           AS u(id, type, args, tags, priority, run_at, delay_ms, max_attempts, timeout_ms, state, blocked_by, ordering_key, unique_key, last_error,
-	                concurrency_key, meta)) t`
+	                concurrency_key, meta, prereqs)) t`
 	ret := ` RETURNING id, state, greatest(0, ceil(extract(epoch FROM run_at - now()) * 1000))::bigint`
 	g.insert = `INSERT INTO ` + s.jobs + ` ` + cols + ` ` + sel + ret
 	g.insertUnique = `INSERT INTO ` + s.jobs + ` ` + cols + ` ` + sel + `
@@ -172,9 +177,10 @@ SELECT count(*) FROM upd`
 	// dependency cancels. Returns the jobs made available (to announce) and
 	// the newly cancelled jobs (the next level), and sends completion
 	// notices. A dependency that completed is recorded in the dependent's
-	// prereqs, and its result copied aside into job_inputs (see
-	// inputs.go), so the dependent can read it whatever becomes of the
-	// prerequisite's row.
+	// prereqs (where a job enqueued by this version lists it already; one
+	// enqueued by an earlier version lists only those that completed), and
+	// its result copied aside into job_inputs (see inputs.go), so the
+	// dependent can read it whatever becomes of the prerequisite's row.
 	g.release = `WITH e AS (
 	DELETE FROM ` + s.edges + ` x USING ` + s.jobs + ` p
 	WHERE x.prereq = p.id AND p.id = ANY($1::uuid[]) AND p.state IN ('completed', 'failed', 'cancelled')
@@ -193,7 +199,8 @@ SELECT count(*) FROM upd`
 ), upd AS (
 	UPDATE ` + s.jobs + ` j SET
 		blocked_by = j.blocked_by - agg.n,
-		prereqs = CASE WHEN agg.done IS NULL THEN j.prereqs ELSE COALESCE(j.prereqs, '{}') || agg.done END,
+		prereqs = CASE WHEN agg.done IS NULL OR j.prereqs @> agg.done THEN j.prereqs
+		               ELSE COALESCE(j.prereqs, '{}') || ARRAY(SELECT d FROM unnest(agg.done) d WHERE NOT d = ANY(COALESCE(j.prereqs, '{}'))) END,
 		state = CASE WHEN agg.bad IS NOT NULL THEN 'cancelled'
 		             WHEN j.blocked_by - agg.n <= 0 THEN (CASE WHEN j.run_at > now() THEN 'scheduled' ELSE 'available' END)
 		             ELSE 'blocked' END,

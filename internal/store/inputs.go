@@ -10,11 +10,13 @@ import (
 )
 
 // Results down a DAG (migration 0012). A job's dependency edges are
-// consumed when its prerequisites end, so a dependent records the
-// prerequisites that completed in its prereqs column, and their results
-// are copied aside into job_inputs: the release of the edges does both
-// (graph.go), and so does the enqueue of a job whose prerequisite had
-// already completed (recordInputs). A handler reads them from job_inputs
+// consumed when its prerequisites end, so a dependent lists its
+// prerequisites in its prereqs column (all of them from its enqueue on,
+// since migration 0018; only those that completed for a job enqueued
+// earlier), and the results of those that completed are copied aside
+// into job_inputs: the release of the edges does it (graph.go), and so
+// does the enqueue of a job whose prerequisite had already completed
+// (recordInputs), and the retry by hand of a dependent (control.go). A handler reads them from job_inputs
 // (Inputs), one statement for all of a job's prerequisites, whatever the
 // retention of finished jobs: the cleaner deletes a job_inputs row only
 // when no live job lists it (CleanInputs).
@@ -59,10 +61,10 @@ ORDER BY x.i`
 		SELECT id, type, result, finished_at FROM ` + s.history + ` WHERE id = ANY($2::uuid[]) AND state = 'completed') p
 	WHERE ` + s.inputsFresh("p") + `
 ), upd AS (
-	UPDATE ` + s.jobs + ` j SET prereqs = COALESCE(j.prereqs, '{}') || x.done
+	UPDATE ` + s.jobs + ` j SET prereqs = COALESCE(j.prereqs, '{}') || ARRAY(SELECT d FROM unnest(x.done) d WHERE NOT d = ANY(COALESCE(j.prereqs, '{}')))
 	FROM (SELECT u.job, array_agg(u.prereq ORDER BY u.prereq) AS done FROM unnest($1::uuid[], $2::uuid[]) AS u(job, prereq)
 	      GROUP BY u.job) x
-	WHERE j.id = x.job
+	WHERE j.id = x.job AND (j.prereqs IS NULL OR NOT j.prereqs @> x.done)
 	RETURNING j.id
 )
 SELECT count(*) FROM upd`

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -398,6 +399,7 @@ func (g *graphInsert) insertSome(ctx context.Context, idx []int) (map[uuid.UUID]
 	lastErr := make([]*string, n)
 	ckeys := make([]*string, n)
 	metas := make([]json.RawMessage, n) // nil: NULL
+	prereqs := make([]*string, n)       // nil: NULL (no dependencies)
 	unique := false
 	for x, i := range idx {
 		j := &g.jobs[i]
@@ -416,13 +418,21 @@ func (g *graphInsert) insertSome(ctx context.Context, idx []int) (map[uuid.UUID]
 			ckeys[x] = &j.ConcurrencyKey
 		}
 		metas[x] = j.Meta
+		if len(j.DependsOn) > 0 {
+			ps := make([]string, len(j.DependsOn))
+			for k, d := range j.DependsOn {
+				ps[k] = d.String()
+			}
+			joined := strings.Join(ps, ",")
+			prereqs[x] = &joined
+		}
 	}
 	q := g.s.graph.insert
 	if unique {
 		q = g.s.graph.insertUnique
 	}
 	rows, err := g.tx.Query(ctx, q, Mode, ids, types, args, tags, prios, runAts, delays, maxAtt, timeouts,
-		states, blocked, okeys, ukeys, lastErr, ckeys, metas)
+		states, blocked, okeys, ukeys, lastErr, ckeys, metas, prereqs)
 	if err != nil {
 		return nil, err
 	}

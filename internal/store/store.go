@@ -78,6 +78,7 @@ type Store struct {
 	hist    historySQL
 	counts  countsSQL
 	control controlSQL
+	retry   retrySQL
 	procs   procSQL
 	sched   schedSQL
 	in      inputsSQL
@@ -106,6 +107,7 @@ func New(pool *pgxpool.Pool, schema string) *Store {
 	s.buildHistory()
 	s.buildCounts()
 	s.buildControl()
+	s.buildRetry()
 	s.buildProcesses() // after buildFinish: it extends the lease renewal
 	s.buildSchedules()
 	return s

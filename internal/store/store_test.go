@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"os"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -75,6 +76,8 @@ func TestStatementsPrepare(t *testing.T) {
 	check(reflect.ValueOf(s.hist), "hist.")
 	check(reflect.ValueOf(s.counts), "counts.")
 	check(reflect.ValueOf(s.control), "control.")
+	check(reflect.ValueOf(s.retry), "retry.")
+	check(reflect.ValueOf(s.in), "in.")
 	check(reflect.ValueOf(s.procs), "procs.")
 	check(reflect.ValueOf(s.sched), "sched.")
 	check(reflect.ValueOf(s.nb), "nb.")
@@ -345,4 +348,21 @@ func TestIDRanges(t *testing.T) {
 	lo, hi = idRanges(nil, 1000)
 	require.Empty(t, lo)
 	require.Empty(t, hi)
+}
+
+func TestDropRepeats(t *testing.T) {
+	a, b, c := uuid.New(), uuid.New(), uuid.New()
+	for _, tc := range []struct{ in, want []uuid.UUID }{
+		{nil, nil},
+		{[]uuid.UUID{a}, []uuid.UUID{a}},
+		{[]uuid.UUID{a, b, c}, []uuid.UUID{a, b, c}},
+		// A job listing its prerequisites from its enqueue, released by a
+		// process of version 13 (which appends the completed ones).
+		{[]uuid.UUID{a, b, a, b}, []uuid.UUID{a, b}},
+		{[]uuid.UUID{c, a, b, a, c}, []uuid.UUID{c, a, b}},
+	} {
+		in := slices.Clone(tc.in)
+		require.Equal(t, tc.want, dropRepeats(in))
+		require.Equal(t, tc.in, in, "the input is left alone")
+	}
 }
