@@ -109,6 +109,7 @@ const flowWatch = time.Second
 type acquirer struct {
 	store        acquirerStore
 	log          *slog.Logger
+	faults       *outages
 	pollInterval time.Duration
 	pollJitter   time.Duration
 	// scheduled hears of jobs due in the given time (postings with In > 0).
@@ -165,9 +166,9 @@ type acquired struct {
 
 type acqTimer struct{ t *time.Timer }
 
-func newAcquirer(store acquirerStore, log *slog.Logger, pollInterval, pollJitter time.Duration) *acquirer {
+func newAcquirer(store acquirerStore, log *slog.Logger, faults *outages, pollInterval, pollJitter time.Duration) *acquirer {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &acquirer{store: store, log: log, pollInterval: pollInterval, pollJitter: pollJitter,
+	return &acquirer{store: store, log: log, faults: faults, pollInterval: pollInterval, pollJitter: pollJitter,
 		ctx: ctx, cancel: cancel, domains: map[string]*domain{}}
 }
 
@@ -372,7 +373,9 @@ func (a *acquirer) claimLoop(d *domain) {
 				return
 			}
 			wait := d.errs.NextBackOff()
-			a.log.Warn("backlog: claiming jobs failed; retrying", "types", d.spec.types, "in", wait, "err", err)
+			if !a.faults.failed("claims", err) {
+				a.log.Warn("backlog: claiming jobs failed; retrying", "types", d.spec.types, "in", wait, "err", err)
+			}
 			a.retryLocked(d, wait)
 			a.gcLocked(d)
 			a.mu.Unlock()
@@ -446,6 +449,9 @@ func (a *acquirer) claimLoop(d *domain) {
 // claim runs one claim for d of up to k jobs, now of them wanted at once.
 func (a *acquirer) claim(d *domain, k, now int) (claimResult, error) {
 	res, err := a.store.claim(a.ctx, d.spec, k, now)
+	if err == nil {
+		a.faults.ok("claims")
+	}
 	if err == nil && len(res.jobs) > k {
 		// Broken invariant: keep what was asked for, give the rest back.
 		a.log.Error("backlog: claim returned more jobs than asked; releasing the extra",
@@ -769,8 +775,11 @@ func (a *acquirer) watchFlowLocked(t *acqTimer) {
 		a.flow.watching = false
 		switch {
 		case err != nil && a.ctx.Err() == nil:
-			a.log.Warn("backlog: reading flow-control changes failed; retrying", "in", flowWatch, "err", err)
+			if !a.faults.failed("flow watch", err) {
+				a.log.Warn("backlog: reading flow-control changes failed; retrying", "in", flowWatch, "err", err)
+			}
 		case err == nil:
+			a.faults.ok("flow watch")
 			a.flow.epoch, a.flow.known = max(a.flow.epoch, epoch), true
 		}
 		if !a.closed && a.bufferedLocked() && a.flow.watch == nil {

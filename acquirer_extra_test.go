@@ -74,7 +74,7 @@ func noCall(t *testing.T, s *scriptStore) {
 
 func newScript(t *testing.T) (*scriptStore, *acquirer) {
 	s := &scriptStore{calls: make(chan scriptCall, 10)}
-	a := newAcquirer(s, slog.New(slog.NewTextHandler(io.Discard, nil)), testPoll, 0)
+	a := newAcquirer(s, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, 0)
 	t.Cleanup(a.close)
 	return s, a
 }

@@ -220,7 +220,7 @@ func advance(d time.Duration) {
 }
 
 func newTestAcquirer(t *testing.T, st *fakeStore) *acquirer {
-	a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), testPoll, 0)
+	a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, 0)
 	t.Cleanup(func() {
 		a.close()
 		st.check(t)
@@ -652,7 +652,7 @@ func TestAcquirerPostingForLaterGoesToThePromoter(t *testing.T) {
 func TestAcquirerCloseFailsWaiters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newFakeStore()
-		a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), testPoll, time.Second)
+		a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, time.Second)
 		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
 		synctest.Wait()
 		a.close()
@@ -835,7 +835,7 @@ func TestAcquirerCloseReleasesTheBuffer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newFakeStore()
 		st.delay = 10 * time.Millisecond
-		a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), testPoll, 0)
+		a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, 0)
 		for range 3000 {
 			st.add("a", nil, 0)
 		}
@@ -872,7 +872,7 @@ func TestListenerIgnoresItsOwnQueuesPostings(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newFakeStore()
 		a := newTestAcquirer(t, st)
-		l := newListener(nil, nil, "ch", "self", a, func(uuid.UUID) {}, func(uuid.UUID) {}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		l := newListener(nil, nil, "ch", "self", a, func(uuid.UUID) {}, func(uuid.UUID) {}, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
 		synctest.Wait()
 		ta.requireBlocked()

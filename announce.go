@@ -84,9 +84,10 @@ func (a *notifyAnnouncer) stop()  { a.notif.close() }
 // that transaction has committed, which it learns by asking the database
 // about the transaction's ID (txid_status) until the answer is final.
 type localAnnouncer struct {
-	acq   *acquirer
-	store *store.Store
-	log   *slog.Logger
+	acq    *acquirer
+	store  *store.Store
+	log    *slog.Logger
+	faults *outages
 
 	mu      sync.Mutex
 	pending map[int64][]posting // transaction ID → postings waiting for its commit
@@ -94,8 +95,8 @@ type localAnnouncer struct {
 	run     runner
 }
 
-func newLocalAnnouncer(acq *acquirer, st *store.Store, log *slog.Logger) *localAnnouncer {
-	return &localAnnouncer{acq: acq, store: st, log: log, pending: map[int64][]posting{}, wake: make(chan struct{}, 1)}
+func newLocalAnnouncer(acq *acquirer, st *store.Store, log *slog.Logger, faults *outages) *localAnnouncer {
+	return &localAnnouncer{acq: acq, store: st, log: log, faults: faults, pending: map[int64][]posting{}, wake: make(chan struct{}, 1)}
 }
 
 func (a *localAnnouncer) committed(ps []posting) { a.local(ps) }
@@ -151,8 +152,10 @@ func (a *localAnnouncer) watch(ctx context.Context) {
 			}
 		}
 		ended, err := a.store.TxEnded(ctx, xids)
-		if err != nil && ctx.Err() == nil {
+		if err != nil && ctx.Err() == nil && !a.faults.failed("local wake-ups", err) {
 			a.log.Warn("backlog: checking transactions for local wake-ups failed", "err", err)
+		} else if err == nil {
+			a.faults.ok("local wake-ups")
 		}
 		var ps []posting
 		a.mu.Lock()

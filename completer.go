@@ -2,6 +2,7 @@ package backlog
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -53,6 +54,7 @@ type completer struct {
 	store    *store.Store
 	leases   *leases
 	log      *slog.Logger
+	faults   *outages
 	announce announcer
 
 	// inPlace is called after a write that may have left finished jobs in
@@ -82,12 +84,17 @@ type finishReq struct {
 	job   *Job
 	done  func(written bool) // called once the write landed, was refused or dropped
 	tries int                // slow lane: writes tried
+	// uncertain: a write of this outcome ended with a commit whose answer
+	// was lost and could not be checked (store.CommitUnknownError): it may
+	// have landed, so a refusal of a later write is no proof of a lost
+	// lease.
+	uncertain bool
 	busy  int                // fast lane: times the row was found busy
 	after time.Time          // slow lane: not before
 }
 
-func newCompleter(st *store.Store, ls *leases, log *slog.Logger, a announcer) *completer {
-	return &completer{store: st, leases: ls, log: log, announce: a, wake: make(chan struct{}, 1), slowWake: make(chan struct{}, 1)}
+func newCompleter(st *store.Store, ls *leases, log *slog.Logger, faults *outages, a announcer) *completer {
+	return &completer{store: st, leases: ls, log: log, faults: faults, announce: a, wake: make(chan struct{}, 1), slowWake: make(chan struct{}, 1)}
 }
 
 func (c *completer) start() { c.run.start(c.loop) }
@@ -217,12 +224,21 @@ func (c *completer) write(ctx context.Context, batch []*finishReq, mode writeMod
 	for {
 		rest, err := w.Run(ctx, pending)
 		if err == nil {
+			c.faults.ok("outcomes")
 			return
+		}
+		var unknown *store.CommitUnknownError
+		if errors.As(err, &unknown) {
+			for _, r := range rest {
+				r.uncertain = true
+			}
 		}
 		if pending = c.dropStale(rest); len(pending) == 0 {
 			return
 		}
-		c.log.Warn("backlog: recording job outcomes failed; retrying", "jobs", len(pending), "err", err)
+		if !c.faults.failed("outcomes", err) {
+			c.log.Warn("backlog: recording job outcomes failed; retrying", "jobs", len(pending), "err", err)
+		}
 		t := time.NewTimer(b.NextBackOff())
 		<-t.C
 	}
@@ -271,8 +287,13 @@ func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, mode writeM
 			c.busy(r)
 		case store.Graph:
 			graph = append(graph, r)
-		default:
-			c.log.Warn("backlog: outcome refused: lease lost", "job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
+		default: // store.Refused
+			if r.uncertain {
+				c.log.Warn("backlog: outcome not confirmed: an earlier write of it may have landed (the answer to its commit was lost and could not be checked), and the lease is no longer held",
+					"job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
+			} else {
+				c.log.Warn("backlog: outcome refused: lease lost", "job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
+			}
 			c.settle(r, false)
 		}
 	}

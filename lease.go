@@ -64,6 +64,7 @@ const progressEvery = time.Second
 type leases struct {
 	store    *store.Store
 	log      *slog.Logger
+	faults   *outages
 	duration time.Duration
 	margin   time.Duration // cancel this long before the lease could expire
 	run      runner
@@ -79,8 +80,8 @@ type leases struct {
 	progPending bool
 }
 
-func newLeases(st *store.Store, log *slog.Logger, d time.Duration) *leases {
-	return &leases{store: st, log: log, duration: d, margin: d / 5, held: map[uuid.UUID]*heldLease{}, progKick: make(chan struct{}, 1)}
+func newLeases(st *store.Store, log *slog.Logger, faults *outages, d time.Duration) *leases {
+	return &leases{store: st, log: log, faults: faults, duration: d, margin: d / 5, held: map[uuid.UUID]*heldLease{}, progKick: make(chan struct{}, 1)}
 }
 
 func (l *leases) start() { l.run.start(l.loop) }
@@ -277,9 +278,11 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 		}
 		if _, err := w.Run(cctx, todo); err != nil {
 			ok = false
-			if ctx.Err() == nil {
+			if ctx.Err() == nil && !l.faults.failed("heartbeat", err) {
 				l.log.Warn("backlog: renewing leases failed", "leases", len(todo), "err", err)
 			}
+		} else {
+			l.faults.ok("heartbeat")
 		}
 		cancel()
 	}

@@ -60,6 +60,7 @@ type maintenance struct {
 	store    *store.Store
 	cfg      *config
 	log      *slog.Logger
+	faults   *outages
 	announce announcer
 
 	ensureMu sync.Mutex
@@ -76,8 +77,8 @@ type maintenance struct {
 	kick      chan struct{}
 }
 
-func newMaintenance(st *store.Store, cfg *config, log *slog.Logger, a announcer) *maintenance {
-	return &maintenance{store: st, cfg: cfg, log: log, announce: a, kick: make(chan struct{}, 1)}
+func newMaintenance(st *store.Store, cfg *config, log *slog.Logger, faults *outages, a announcer) *maintenance {
+	return &maintenance{store: st, cfg: cfg, log: log, faults: faults, announce: a, kick: make(chan struct{}, 1)}
 }
 
 func (m *maintenance) start() { m.run.start(m.loop) }
@@ -95,8 +96,10 @@ func (m *maintenance) ensurePartitions(ctx context.Context) {
 		return
 	}
 	m.ensured = true
-	if _, err := m.store.EnsurePartitions(ctx); err != nil && ctx.Err() == nil {
+	if _, err := m.store.EnsurePartitions(ctx); err != nil && ctx.Err() == nil && !m.faults.failed("partitions", err) {
 		m.log.Warn("backlog: creating job_history partitions failed; the cleaner tries again", "err", classify(err))
+	} else if err == nil {
+		m.faults.ok("partitions")
 	}
 }
 
@@ -178,8 +181,10 @@ func (m *maintenance) loop(ctx context.Context) {
 		case m.finished.Load() && !now.Before(lastSummary.Add(summarizeGap)):
 			lastSummary = now
 			m.finished.Store(false)
-			if _, err := m.store.SummarizeHistory(ctx); err != nil && ctx.Err() == nil {
+			if _, err := m.store.SummarizeHistory(ctx); err != nil && ctx.Err() == nil && !m.faults.failed("summaries", err) {
 				m.log.Warn("backlog: summarizing job_history's indexes failed", "err", classify(err))
+			} else if err == nil {
+				m.faults.ok("summaries")
 			}
 			continue
 		}
@@ -210,11 +215,14 @@ func (m *maintenance) promotePass(ctx context.Context) {
 	n, next, err := m.promote(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			m.log.Warn("backlog: promoting scheduled jobs failed", "err", err)
+			if !m.faults.failed("promoter", err) {
+				m.log.Warn("backlog: promoting scheduled jobs failed", "err", err)
+			}
 			m.scheduled(time.Second) // try again
 		}
 		return
 	}
+	m.faults.ok("promoter")
 	if n > 0 {
 		m.log.Debug("backlog: promoted scheduled jobs", "jobs", n)
 	}
@@ -261,11 +269,12 @@ func (m *maintenance) promote(ctx context.Context) (int, time.Duration, error) {
 func (m *maintenance) sweepPass(ctx context.Context) time.Duration {
 	backup := jitter(m.cfg.sweepInterval)
 	if _, err := m.sweep(ctx); err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !m.faults.failed("sweep", err) {
 			m.log.Warn("backlog: expired-lease sweep failed", "err", err)
 		}
 		return backup
 	}
+	m.faults.ok("sweep")
 	m.retirePass(ctx)
 	in, ok, err := m.store.NextExpiry(ctx)
 	if err != nil || !ok {
@@ -321,11 +330,12 @@ func (m *maintenance) retirePass(ctx context.Context) {
 			m.finishedSome()
 		}
 		if err != nil {
-			if ctx.Err() == nil {
+			if ctx.Err() == nil && !m.faults.failed("retirer", err) {
 				m.log.Warn("backlog: moving finished jobs to job_history failed", "err", classify(err))
 			}
 			return
 		}
+		m.faults.ok("retirer")
 		if n < retireBatch {
 			return
 		}
@@ -349,8 +359,10 @@ type CleanResult struct {
 }
 
 func (m *maintenance) cleanPass(ctx context.Context) {
-	if _, err := m.clean(ctx); err != nil && ctx.Err() == nil {
+	if _, err := m.clean(ctx); err != nil && ctx.Err() == nil && !m.faults.failed("cleaner", err) {
 		m.log.Warn("backlog: cleaner failed", "err", err)
+	} else if err == nil {
+		m.faults.ok("cleaner")
 	}
 	m.warnOldTransaction(ctx)
 }
@@ -371,7 +383,11 @@ func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {
 	var total CleanResult
 	if _, err := m.store.EnsurePartitions(ctx); err != nil {
 		// Not fatal: finishes fall back to the default partition.
-		m.log.Warn("backlog: creating job_history partitions failed", "err", classify(err))
+		if !m.faults.failed("partitions", err) {
+			m.log.Warn("backlog: creating job_history partitions failed", "err", classify(err))
+		}
+	} else {
+		m.faults.ok("partitions")
 	}
 	for total.Batches < cleanMaxBatches {
 		r, err := m.store.Clean(ctx, m.cfg.keepFailed, cleanBatch)

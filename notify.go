@@ -40,6 +40,7 @@ type notifier struct {
 	interval time.Duration
 	store    *store.Store
 	log      *slog.Logger
+	faults   *outages
 
 	mu      sync.Mutex
 	pending map[string]posting // due time in In as Unix milliseconds while pending
@@ -47,12 +48,13 @@ type notifier struct {
 	running bool // a sender goroutine is active
 	inlined bool // an insert carries its own NOTIFY right now
 	closed  bool
+	flushBy time.Time // once closed: when sending what is left gives up
 	wg      sync.WaitGroup
-	stopCh  chan struct{}
+	stopCh  chan struct{} // closed by close: the interval is not waited out
 }
 
-func newNotifier(interval time.Duration, log *slog.Logger, st *store.Store) *notifier {
-	return &notifier{interval: interval, store: st, log: log, pending: map[string]posting{}, stopCh: make(chan struct{})}
+func newNotifier(interval time.Duration, log *slog.Logger, faults *outages, st *store.Store) *notifier {
+	return &notifier{interval: interval, store: st, log: log, faults: faults, pending: map[string]posting{}, stopCh: make(chan struct{})}
 }
 
 // inline reports whether an insert may carry its own NOTIFY: only when no
@@ -104,16 +106,24 @@ func (n *notifier) post(ps []posting) {
 	}
 }
 
+// closeNotifyWait bounds how long Close spends sending the postings the
+// notifier still holds (a server that does not answer must not hold up
+// Close): workers of other processes would otherwise wait for their
+// backup poll to find the jobs.
+const closeNotifyWait = 5 * time.Second
+
 // loop sends pending postings until none are left, one NOTIFY transaction
-// at a time and at most one per interval.
+// at a time and at most one per interval; once the notifier is closing,
+// at once, until closeNotifyWait after close.
 func (n *notifier) loop() {
 	for {
 		n.mu.Lock()
-		if len(n.pending) == 0 || n.closed {
+		if len(n.pending) == 0 || n.closed && time.Now().After(n.flushBy) {
 			n.running = false
 			n.mu.Unlock()
 			return
 		}
+		closing, flushBy := n.closed, n.flushBy
 		now := time.Now().UnixMilli()
 		ps := make([]posting, 0, len(n.order))
 		for _, k := range n.order {
@@ -124,7 +134,11 @@ func (n *notifier) loop() {
 		n.pending, n.order = map[string]posting{}, nil
 		n.mu.Unlock()
 
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		deadline := time.Now().Add(10 * time.Second)
+		if closing {
+			deadline = flushBy
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		n.send(ctx, encodePostings(ps))
 		cancel()
 		if n.interval > 0 {
@@ -153,29 +167,40 @@ func (n *notifier) send(ctx context.Context, payloads []string) {
 	for {
 		rest, err := w.Run(ctx, payloads)
 		if err == nil {
+			n.faults.ok("notifications")
 			return
 		}
+		// During an outage the outage's own lines say it (an idle worker
+		// finds what was not announced by its backup poll).
+		counted := n.faults.failed("notifications", err)
 		wait := b.NextBackOff()
 		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) < wait {
-			n.log.Warn("backlog: sending notifications failed; idle workers fall back to the backup poll", "err", err)
+			if !counted {
+				n.log.Warn("backlog: sending notifications failed; idle workers fall back to the backup poll", "err", err)
+			}
 			return
 		}
 		payloads = rest
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
-		case <-n.stopCh:
+		case <-ctx.Done():
 			t.Stop()
+			if !counted {
+				n.log.Warn("backlog: sending notifications failed; idle workers fall back to the backup poll", "err", err)
+			}
 			return
 		}
 	}
 }
 
-// close sends nothing more and waits for a sender in progress.
+// close takes no more postings, sends those it holds (without waiting out
+// the interval, within closeNotifyWait) and waits for the sender.
 func (n *notifier) close() {
 	n.mu.Lock()
 	if !n.closed {
 		n.closed = true
+		n.flushBy = time.Now().Add(closeNotifyWait)
 		close(n.stopCh)
 	}
 	n.mu.Unlock()
@@ -195,11 +220,12 @@ type listener struct {
 	onDone   func(id uuid.UUID) // a Done posting for a job
 	self     string             // this Queue's src: its own postings are ignored
 	log      *slog.Logger
+	faults   *outages
 	idle     time.Duration // ping the connection after this long without a posting
 }
 
 func newListener(connect func(context.Context) (*pgx.Conn, error), pool *pgxpool.Pool, channel, self string, acq *acquirer,
-	onCancel, onDone func(uuid.UUID), log *slog.Logger) *listener {
+	onCancel, onDone func(uuid.UUID), log *slog.Logger, faults *outages) *listener {
 	if connect == nil {
 		connect = func(ctx context.Context) (*pgx.Conn, error) {
 			c, err := pool.Acquire(ctx)
@@ -209,7 +235,7 @@ func newListener(connect func(context.Context) (*pgx.Conn, error), pool *pgxpool
 			return c.Hijack(), nil
 		}
 	}
-	return &listener{connect: connect, channel: channel, self: self, acq: acq, onCancel: onCancel, onDone: onDone, log: log, idle: 30 * time.Second}
+	return &listener{connect: connect, channel: channel, self: self, acq: acq, onCancel: onCancel, onDone: onDone, log: log, faults: faults, idle: 30 * time.Second}
 }
 
 func (l *listener) start() { l.run.start(l.loop) }
@@ -223,7 +249,9 @@ func (l *listener) loop(ctx context.Context) {
 			return
 		}
 		wait := b.NextBackOff()
-		l.log.Warn("backlog: listener connection lost; reconnecting", "in", wait, "err", err)
+		if !l.faults.failed("listener", err) {
+			l.log.Warn("backlog: listener connection lost; reconnecting", "in", wait, "err", err)
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -245,6 +273,7 @@ func (l *listener) session(ctx context.Context, b backoff.BackOff) error {
 		return err
 	}
 	b.Reset()
+	l.faults.ok("listener")
 	l.acq.wakeAll()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, l.idle)

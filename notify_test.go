@@ -134,3 +134,27 @@ func TestPollOnlyModeWakesLocalWorkers(t *testing.T) {
 		`SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN "`+e.schema+`.backlog"'`).Scan(&listeners))
 	require.Zero(t, listeners)
 }
+
+// TestCloseSendsHeldPostings: a producer whose notifier holds a posting
+// back (WithNotifyInterval: one NOTIFY a second) closes right after its
+// last enqueue. Close sends what it holds, so the worker of another
+// process, whose backup poll is an hour, starts the job at once instead
+// of an hour later.
+func TestCloseSendsHeldPostings(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithPollInterval(time.Hour))
+	h, starts := startTimes()
+	work(t, e.q, h, backlog.Types("held"), backlog.Concurrency(2), backlog.Prefetch(0))
+	waitIdle(t, e, "held", starts)
+
+	producer, err := backlog.New(context.Background(), e.pool, backlog.WithSchema(e.schema), backlog.WithLogger(logger(t)),
+		backlog.WithNotifyInterval(time.Second))
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = producer.Enqueue(ctx, "other", nil) // its posting goes at once; the next waits out the interval
+	require.NoError(t, err)
+	_, err = producer.Enqueue(ctx, "held", nil)
+	require.NoError(t, err)
+	require.NoError(t, producer.Close())
+	awaitStart(t, starts, "the job enqueued just before Close did not start: its posting was dropped")
+}

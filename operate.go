@@ -75,6 +75,7 @@ func (q *Queue) Stats(ctx context.Context) (*Stats, error) {
 		return fail("open transactions", err)
 	}
 	st.OldestTransaction = oldTransactionOf(snap)
+	st.DatabaseErrors = q.faults.snapshot()
 	return st, nil
 }
 

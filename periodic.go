@@ -75,6 +75,7 @@ type scheduler struct {
 	pool     *pgxpool.Pool
 	cfg      *config
 	log      *slog.Logger
+	faults   *outages
 	announce announcer
 	// enqueue inserts plans' jobs inside tx (the scheduler's own) and
 	// returns their postings, to announce after the commit. Set before the
@@ -92,8 +93,8 @@ type scheduler struct {
 	retryAt   time.Time // recording failed: not before then
 }
 
-func newScheduler(st *store.Store, pool *pgxpool.Pool, cfg *config, a announcer) *scheduler {
-	return &scheduler{store: st, pool: pool, cfg: cfg, log: cfg.logger, announce: a, schedules: map[string]*schedule{},
+func newScheduler(st *store.Store, pool *pgxpool.Pool, cfg *config, faults *outages, a announcer) *scheduler {
+	return &scheduler{store: st, pool: pool, cfg: cfg, log: cfg.logger, faults: faults, announce: a, schedules: map[string]*schedule{},
 		wake: make(chan struct{}, 1), confirmEvery: scheduleConfirm}
 }
 
@@ -145,7 +146,7 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 	if len(toLoad) > 0 {
 		last, err := s.store.LastPlans(ctx, toLoad)
 		if err != nil {
-			if ctx.Err() == nil {
+			if ctx.Err() == nil && !s.faults.failed("periodic", err) {
 				s.log.Warn("backlog: reading periodic runs failed", "err", err)
 			}
 			return retry
@@ -161,7 +162,7 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 	dbNow, err := s.store.Now(ctx)
 	readAt := s.cfg.clock()
 	if err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !s.faults.failed("periodic", err) {
 			s.log.Warn("backlog: reading the database clock failed", "err", err)
 		}
 		return retry
@@ -201,11 +202,12 @@ func (s *scheduler) tick(ctx context.Context) time.Duration {
 			},
 		}
 		if _, err := w.Run(ctx, dues); err != nil {
-			if ctx.Err() == nil {
+			if ctx.Err() == nil && !s.faults.failed("periodic", err) {
 				s.log.Warn("backlog: enqueueing periodic jobs failed", "err", err)
 			}
 			return retry
 		}
+		s.faults.ok("periodic")
 		s.log.Debug("backlog: periodic plans due", "plans", len(dues))
 	}
 	next := time.Time{}

@@ -109,10 +109,11 @@ const unregisterTimeout = 5 * time.Second
 // renewal, or writes it alone: see leases.heartbeat), except the deletion
 // in stop, which the Queue runs after the heartbeat stopped.
 type registry struct {
-	store *store.Store
-	log   *slog.Logger
-	every time.Duration // heartbeat interval
-	row   store.Process // its constant part
+	store  *store.Store
+	log    *slog.Logger
+	faults *outages
+	every  time.Duration // heartbeat interval
+	row    store.Process // its constant part
 	// kick asks the heartbeat to write the row now (Work calls came or
 	// went); buffer of 1, so join and leave never block.
 	kick chan struct{}
@@ -130,9 +131,9 @@ type registry struct {
 	foreign bool
 }
 
-func newRegistry(st *store.Store, log *slog.Logger, workerID string, lease time.Duration) *registry {
+func newRegistry(st *store.Store, log *slog.Logger, faults *outages, workerID string, lease time.Duration) *registry {
 	host, _ := os.Hostname()
-	return &registry{store: st, log: log, every: lease / 3, kick: make(chan struct{}, 1),
+	return &registry{store: st, log: log, faults: faults, every: lease / 3, kick: make(chan struct{}, 1),
 		row: store.Process{Worker: workerID, Instance: randomHex(8), Host: host, PID: os.Getpid(), Lease: lease}}
 }
 
@@ -270,12 +271,16 @@ func (r *registry) write(ctx context.Context, leased int) {
 	}
 	switch {
 	case ok:
+		r.faults.ok("process registry")
 		r.mu.Lock()
 		r.written = b.gen
 		r.mu.Unlock()
 	case err != nil && ctx.Err() == nil && !pgerr.Transient(err):
 		r.log.Warn("backlog: writing this process's row in the processes table failed", "worker", r.row.Worker, "err", err)
 	case err != nil:
+		if ctx.Err() == nil {
+			r.faults.failed("process registry", err)
+		}
 		r.log.Debug("backlog: writing this process's row in the processes table failed", "worker", r.row.Worker, "err", err)
 	}
 }

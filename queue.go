@@ -27,6 +27,9 @@ type Queue struct {
 	cfg   config
 	log   *slog.Logger
 	store *store.Store
+	// faults coalesces the background loops' database errors into
+	// outages (one log line when one begins, one when it ends).
+	faults *outages
 
 	// The services, in start order (Close stops them in reverse).
 	announce announcer
@@ -81,29 +84,30 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	q := &Queue{pool: pool, cfg: cfg, log: cfg.logger, store: store.New(pool, cfg.schema), closing: make(chan struct{})}
 	q.store.SetRetention(cfg.keepCompleted, cfg.keepFailed)
 	log := cfg.logger
-	q.procs = newRegistry(q.store, log, cfg.workerID, cfg.lease)
-	q.leases = newLeases(q.store, log, cfg.lease)
+	q.faults = newOutages(log)
+	q.procs = newRegistry(q.store, log, q.faults, cfg.workerID, cfg.lease)
+	q.leases = newLeases(q.store, log, q.faults, cfg.lease)
 	q.leases.procs = q.procs
 	// The completer announces through the announcer, which (local mode)
 	// wakes the acquirer, which claims through the claimer, which submits
 	// releases to the completer: built in that order, wired after.
 	cl := &claimer{store: q.store, leases: q.leases, lease: cfg.lease, worker: cfg.workerID}
-	q.acq = newAcquirer(cl, log, cfg.pollInterval, cfg.pollJitter)
+	q.acq = newAcquirer(cl, log, q.faults, cfg.pollInterval, cfg.pollJitter)
 	if cfg.pollOnly {
-		q.announce = newLocalAnnouncer(q.acq, q.store, log)
+		q.announce = newLocalAnnouncer(q.acq, q.store, log, q.faults)
 	} else {
-		notif := newNotifier(cfg.notifyInterval, log, q.store)
+		notif := newNotifier(cfg.notifyInterval, log, q.faults, q.store)
 		src := randomHex(4)
 		q.announce = &notifyAnnouncer{store: q.store, notif: notif, acq: q.acq, src: src}
-		q.listen = newListener(cfg.listenConn, q.pool, q.store.Channel(), src, q.acq, q.leases.cancel, q.waiters.wake, log)
+		q.listen = newListener(cfg.listenConn, q.pool, q.store.Channel(), src, q.acq, q.leases.cancel, q.waiters.wake, log, q.faults)
 	}
-	q.comp = newCompleter(q.store, q.leases, log, q.announce)
+	q.comp = newCompleter(q.store, q.leases, log, q.faults, q.announce)
 	cl.comp = q.comp
-	q.maint = newMaintenance(q.store, &q.cfg, log, q.announce)
+	q.maint = newMaintenance(q.store, &q.cfg, log, q.faults, q.announce)
 	q.acq.scheduled = q.maint.scheduled
 	q.comp.inPlace = q.maint.retireSoon
 	q.comp.moved = q.maint.finishedSome
-	q.sched = newScheduler(q.store, q.pool, &q.cfg, q.announce)
+	q.sched = newScheduler(q.store, q.pool, &q.cfg, q.faults, q.announce)
 	return q, nil
 }
 

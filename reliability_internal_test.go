@@ -24,7 +24,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // new lease; the handler of the old one is stopped, never left running
 // unfenced beside the new attempt.
 func TestReclaimStopsTheOldLeasesHandler(t *testing.T) {
-	ls := newLeases(nil, quiet(), time.Minute)
+	ls := newLeases(nil, quiet(), nil, time.Minute)
 	id := uuid.New()
 	first := ls.add([]uuid.UUID{id}, []uuid.UUID{uuid.New()}, []string{"t"}, time.Now())[0]
 	ctx, cancel := context.WithCancelCause(context.Background())
@@ -102,7 +102,7 @@ func TestNotifierDropsOnlyARefusedPayload(t *testing.T) {
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{st.Channel()}.Sanitize())
 	require.NoError(t, err)
-	n := newNotifier(0, quiet(), st)
+	n := newNotifier(0, quiet(), nil, st)
 	defer n.close()
 	n.send(ctx, []string{`{"type":"a"}`, strings.Repeat("x", 9000), `{"type":"b"}`})
 	var got []string
@@ -119,7 +119,7 @@ func TestNotifierDropsOnlyARefusedPayload(t *testing.T) {
 // The completer's back-pressure: claims wait while it holds its limit of
 // outcomes, and go on as soon as one is settled.
 func TestCompleterBackPressure(t *testing.T) {
-	c := newCompleter(nil, newLeases(nil, quiet(), time.Minute), quiet(), nil)
+	c := newCompleter(nil, newLeases(nil, quiet(), nil, time.Minute), quiet(), nil, nil)
 	c.held = maxHeldOutcomes
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()

@@ -181,7 +181,7 @@ func (s *scheduler) record(ctx context.Context) time.Duration {
 	}
 	s.mu.Unlock()
 	failed := func(what string, err error) time.Duration {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !s.faults.failed("schedules", err) {
 			s.log.Warn("backlog: "+what+" failed; Schedules lists them once it succeeds", "err", classify(err))
 		}
 		s.mu.Lock()
@@ -225,6 +225,7 @@ func (s *scheduler) record(ctx context.Context) time.Duration {
 		}
 		s.mu.Unlock()
 	}
+	s.faults.ok("schedules")
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return time.Until(s.confirmAt)

@@ -27,6 +27,9 @@ type Stats struct {
 	// The maintenance loop logs a warning once it is older than
 	// OldTransactionWarning.
 	OldestTransaction *OldTransaction
+	// DatabaseErrors counts the database errors this process's Queue met
+	// in its background work (this process only, unlike the rest).
+	DatabaseErrors DatabaseErrors
 }
 
 // StatsWindow is how far back Stats counts finished jobs.

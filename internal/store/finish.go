@@ -66,7 +66,7 @@ func (s *Store) buildFinish() {
 	// turns a retry into cancelled; completion clears the current error
 	// (the history keeps it). Rows are locked FOR UPDATE, the lock every
 	// move to a terminal state takes (see graph.go), in ID order.
-	f.fast = `SELECT id, state, status FROM ` + pgx.Identifier{s.schema, "finish"}.Sanitize() +
+	f.fast = `SELECT id, state, status, txid_current() FROM ` + pgx.Identifier{s.schema, "finish"}.Sanitize() +
 		`($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $8::uuid[], $9, $10, $11, $12, $13::jsonb[])`
 	stmt := func(lock string) string {
 		return `WITH f AS (
@@ -257,10 +257,17 @@ func (s *Store) Finish(ctx context.Context, fs []Finish) (FinishResult, error) {
 	return FinishResult{}, errors.New("finish: the jobs with dependents kept changing")
 }
 
-// finishOnce runs the finish function once. When it finds finished jobs
-// with dependents it rolls back and returns them instead.
+// finishOnce runs the finish function once, in a transaction of its own
+// whose commit is resolved when its answer is lost (commitKnown). When it
+// finds finished jobs with dependents it rolls back and returns them
+// instead.
 func (s *Store) finishOnce(ctx context.Context, a *finishArrays, exclude [][16]byte) (FinishResult, [][16]byte, error) {
-	rows, err := s.pool.Query(ctx, s.fin.fast, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs,
+	tx, err := s.pool.BeginTx(ctx, readCommittedTx)
+	if err != nil {
+		return FinishResult{}, nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after the commit: does nothing
+	rows, err := tx.Query(ctx, s.fin.fast, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs,
 		exclude, s.channel, s.keepCompleted.Milliseconds(), s.keepFailed.Milliseconds(), MaxErrors, a.progress)
 	if err != nil {
 		return FinishResult{}, nil, err
@@ -271,8 +278,9 @@ func (s *Store) finishOnce(ctx context.Context, a *finishArrays, exclude [][16]b
 		id     [16]byte
 		state  *string
 		status int16
+		xid    int64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &state, &status}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &state, &status, &xid}, func() error {
 		switch status {
 		case 0:
 			res.Status[id], res.State[id] = Written, *state
@@ -296,7 +304,10 @@ func (s *Store) finishOnce(ctx context.Context, a *finishArrays, exclude [][16]b
 		}
 		return FinishResult{}, graph, nil
 	}
-	return res, nil, err
+	if err != nil {
+		return FinishResult{}, nil, err
+	}
+	return res, nil, s.commitKnown(ctx, tx, xid)
 }
 
 // FinishGraph writes outcomes in one transaction, in place (the retirer

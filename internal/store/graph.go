@@ -287,13 +287,7 @@ func (s *Store) runGraphTx(ctx context.Context, lockTimeout time.Duration, fn fu
 
 func (s *Store) runGraphTxPlan(ctx context.Context, lockTimeout time.Duration, plan lockPlan, fn func(tx pgx.Tx, plan *lockPlan) error) error {
 	for range maxGraphRestarts {
-		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			if lockTimeout > 0 {
-				if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, Mode,
-					fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1))); err != nil {
-					return err
-				}
-			}
+		err := s.graphTx(ctx, lockTimeout, func(tx pgx.Tx) error {
 			if err := s.takePlan(ctx, tx, &plan); err != nil {
 				return err
 			}
@@ -307,6 +301,31 @@ func (s *Store) runGraphTxPlan(ctx context.Context, lockTimeout time.Duration, p
 		plan.rows = append(plan.rows, rs.rows...)
 	}
 	return ErrGraphContention
+}
+
+// graphTx runs fn in a READ COMMITTED transaction with lock_timeout set
+// (0: the server's) and commits it, resolving a commit whose answer is
+// lost (commitKnown): a graph operation that wrote is never reported as
+// failed, nor one that did not as done.
+func (s *Store) graphTx(ctx context.Context, lockTimeout time.Duration, fn func(tx pgx.Tx) error) error {
+	tx, err := s.pool.BeginTx(ctx, readCommittedTx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after the commit: does nothing
+	timeout := "" // keep the server's
+	if lockTimeout > 0 {
+		timeout = fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1))
+	}
+	var xid int64
+	if err := tx.QueryRow(ctx, `SELECT txid_current(), CASE WHEN $1 <> '' THEN set_config('lock_timeout', $1, true) END`, Mode,
+		timeout).Scan(&xid, nil); err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return s.commitKnown(ctx, tx, xid)
 }
 
 // takePlan takes a plan's locks in the lock order: keys, then rows.

@@ -1,0 +1,72 @@
+package backlog
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/backlogq/backlog/internal/store"
+	"github.com/backlogq/backlog/internal/testdb"
+)
+
+// The completer writes every outcome it holds exactly once, however many
+// batches they take: 2.25 batches' worth are queued before it starts, and
+// each is written, and reported written, once.
+func TestCompleterWritesEveryBatch(t *testing.T) {
+	ctx := context.Background()
+	q, err := New(ctx, testdb.Pool(t), WithSchema(testdb.Schema(t)), WithLogger(quiet()))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, q.Close()) })
+	require.NoError(t, q.Migrate(ctx))
+	n := maxFinishBatch*2 + maxFinishBatch/4
+	for i := 0; i < n; i += 5000 {
+		specs := make([]JobSpec, min(5000, n-i))
+		for k := range specs {
+			specs[k] = JobSpec{Type: "batch"}
+		}
+		_, err := q.EnqueueMany(ctx, specs)
+		require.NoError(t, err)
+	}
+	var claimed []store.Claimed
+	for len(claimed) < n {
+		res, err := q.store.Claim(ctx, []string{"batch"}, []byte(`{}`), n-len(claimed), n-len(claimed), time.Minute, "test")
+		require.NoError(t, err)
+		require.NotEmpty(t, res.Jobs)
+		claimed = append(claimed, res.Jobs...)
+	}
+
+	var mu sync.Mutex
+	reported := map[uuid.UUID]int{}
+	all := make(chan struct{})
+	for _, c := range claimed {
+		j := &Job{ID: c.ID, Type: c.Type, token: c.Token}
+		q.comp.submit(&finishReq{f: store.Finish{ID: c.ID, Token: c.Token, State: string(StateCompleted)}, job: j,
+			done: func(written bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				require.True(t, written, "job %s", j.ID)
+				if reported[j.ID]++; len(reported) == n {
+					close(all)
+				}
+			}})
+	}
+	q.comp.start()
+	select {
+	case <-all:
+	case <-time.After(time.Minute):
+		mu.Lock()
+		t.Fatalf("%d of %d outcomes reported", len(reported), n)
+	}
+	mu.Lock()
+	for id, k := range reported {
+		require.Equal(t, 1, k, "job %s reported %d times", id, k)
+	}
+	mu.Unlock()
+	var done int
+	require.NoError(t, q.pool.QueryRow(ctx, `SELECT count(*) FROM `+q.cfg.schema+`.all_jobs WHERE state = 'completed'`).Scan(&done))
+	require.Equal(t, n, done)
+}

@@ -1,0 +1,24 @@
+-- The claim commits durably (version 17).
+--
+-- Since version 6 the claim function set synchronous_commit = off for its
+-- own transaction, so that a claim did not wait for its WAL to reach disk
+-- (or a synchronous standby). A crash or a failover in the next moments
+-- then undid claims whose handlers had already started: the job was
+-- claimed again at the same attempt, and two handlers ran with one
+-- Job.Attempt, which breaks every idempotency key a user builds from
+-- (job ID, attempt) (faults: TestServerCrashRunsNoAttemptTwice). Now a
+-- claim is as durable as the server's synchronous_commit makes any
+-- commit, before any job of it is handed to a handler; the flush is paid
+-- once per claim statement, which takes every job the domain's workers
+-- want at that moment.
+--
+-- The SET clause below does it without rewriting the function: a SET
+-- LOCAL (set_config(..., true)) made inside a function that carries a SET
+-- clause for the same setting is undone when the function returns, so the
+-- claim's transaction commits under the caller's own synchronous_commit
+-- (the server's, by default on). The value given here is what the body
+-- starts with; it is irrelevant, the body overrides it until it returns.
+--
+-- Rolling upgrade: processes of every version call claim_jobs (directly,
+-- or through claim()), so all of them claim durably from this version on.
+ALTER FUNCTION claim_jobs(text[], jsonb, integer, integer, bigint, text) SET synchronous_commit = on;
