@@ -89,8 +89,8 @@ type finishReq struct {
 	// have landed, so a refusal of a later write is no proof of a lost
 	// lease.
 	uncertain bool
-	busy  int                // fast lane: times the row was found busy
-	after time.Time          // slow lane: not before
+	busy      int       // fast lane: times the row was found busy
+	after     time.Time // slow lane: not before
 }
 
 func newCompleter(st *store.Store, ls *leases, log *slog.Logger, faults *outages, a announcer) *completer {

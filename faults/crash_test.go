@@ -69,7 +69,9 @@ func TestServerCrashRunsNoAttemptTwice(t *testing.T) {
 	})
 	// Twice as many workers as jobs: jobs whose claims were lost would be
 	// claimed again at once after the restart.
-	worktest.Run(t, func(ctx context.Context) error { return q.Work(ctx, h, backlog.Concurrency(2*jobs), backlog.Types("crash")) })
+	worktest.Run(t, func(ctx context.Context) error {
+		return q.Work(ctx, h, backlog.Concurrency(2*jobs), backlog.Types("crash"))
+	})
 	for n := range jobs {
 		select {
 		case <-started:

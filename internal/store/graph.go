@@ -313,7 +313,7 @@ func (s *Store) graphTx(ctx context.Context, lockTimeout time.Duration, fn func(
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after the commit: does nothing
-	timeout := "" // keep the server's
+	timeout := ""                                                  // keep the server's
 	if lockTimeout > 0 {
 		timeout = fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1))
 	}
