@@ -247,7 +247,7 @@ func TestMigrateToolsDown(t *testing.T) {
 				t.Fatalf("%s down: %v", r.name, err)
 			}
 			r.status(c, prev, r.format, 1, prev)
-			c.fail(1, fmt.Sprintf("schema %s is at version %d of %d; run `backlog migrate up`", c.schema, prev, latest), "stats")
+			c.fail(1, fmt.Sprintf("schema %s is at version %d of %d; run `backlog --schema %s migrate up`", c.schema, prev, latest, c.schema), "stats")
 			c.ok("migrate", "up")
 			r.status(c, latest, "backlog", 0, r.sharedOr(prev, latest))
 			if r.sharedOr(prev, latest) == prev {

@@ -118,10 +118,15 @@ LEFT JOIN LATERAL (SELECT i.type FROM ` + s.inputs + ` i WHERE i.id = x.id AND h
 	// (rare: a cancelled dependent moved to job_history while another
 	// prerequisite's edge waits). The GIN places are not ordered: an
 	// order would read every row of a large fan-out.
+	// A job is counted in one place: since migration 0018 a dependent
+	// lists every prerequisite in prereqs, also while its edge is pending,
+	// and also when the prerequisite cancelled it.
 	prereqsOf := `prereqs @> ARRAY[$1::uuid] AND prereqs IS NOT NULL`
-	cancelledBy := `state = 'cancelled' AND last_error LIKE '` + cancelPrefix + `%' AND substr(last_error, 25, 36) = $4::text`
+	cancelledBy := `state = 'cancelled' AND last_error LIKE '` + cancelPrefix + `%' AND substr(last_error, 25, 36) = $4::text
+	AND NOT COALESCE(prereqs @> ARRAY[$1::uuid], false)`
 	n.dependents = `WITH e AS (SELECT job, kind FROM ` + s.edges + ` WHERE prereq = $1 ORDER BY job, kind LIMIT $2),
-jp AS (SELECT id, type, state FROM ` + s.jobs + ` WHERE ` + prereqsOf + ` LIMIT $2),
+jp AS (SELECT id, type, state FROM ` + s.jobs + ` j WHERE ` + prereqsOf + `
+	AND NOT EXISTS (SELECT 1 FROM ` + s.edges + ` x WHERE x.prereq = $1 AND x.job = j.id) LIMIT $2),
 hp AS (SELECT id, type, state FROM ` + s.history + ` WHERE ` + prereqsOf + ` LIMIT $2),
 jc AS (SELECT id, type, state FROM ` + s.jobs + ` WHERE ` + cancelledBy + ` LIMIT $2),
 hc AS (SELECT id, type, state FROM ` + s.history + ` WHERE ` + cancelledBy + ` LIMIT $2)
