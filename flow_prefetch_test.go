@@ -89,7 +89,7 @@ func TestLoweredLimitBindsPrefetchedJobs(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, backlog.WithPollInterval(time.Hour))
 			ctx := context.Background()
-			specs := make([]backlog.JobSpec, 40000)
+			specs := make([]backlog.JobSpec, 20000)
 			for i := range specs {
 				specs[i] = backlog.JobSpec{Type: "pf", Args: map[string]int{"i": i}}
 				if c.keyJobs {

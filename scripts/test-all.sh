@@ -23,7 +23,7 @@ run() { # run NAME DIR TIMEOUT
 	fi
 }
 
-run library . 8m
+run library . 15m
 run cmd/backlog cmd/backlog 8m
 run otelbacklog otelbacklog 5m
 run internal/pqtest internal/pqtest 5m
