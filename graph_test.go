@@ -207,6 +207,11 @@ func TestDependentAddedWhileFinishing(t *testing.T) {
 	work(t, e.q, mux, backlog.Concurrency(8))
 
 	withDeps := 0 // dependents that arrived while their prerequisite was unfinished
+	// The jitter spans about twice the time a prerequisite takes to
+	// finish, measured every 16th round (which waits for it): on a loaded
+	// machine that is far longer than on a quiet one, and a fixed span
+	// would land every dependent before the finish.
+	span := 3 * time.Millisecond
 	// Up to rounds rounds, or 30 s once 200 are done: a busy machine runs
 	// fewer, each as sharp.
 	budget := time.Now().Add(30 * time.Second)
@@ -215,11 +220,17 @@ func TestDependentAddedWhileFinishing(t *testing.T) {
 			rounds = r
 			break
 		}
+		enqueued := time.Now()
 		pre, err := e.q.Enqueue(ctx, "pre", nil)
 		require.NoError(t, err)
-		// Jitter (not a wait): lands the dependent's enqueue before, during
-		// or after the prerequisite's finish, which takes about as long.
-		<-time.After(time.Duration(rand.IntN(3000)) * time.Microsecond)
+		if r%16 == 15 {
+			e.waitState(pre, 30*time.Second, backlog.StateCompleted)
+			span = max(3*time.Millisecond, (span+2*time.Since(enqueued))/2)
+		} else {
+			// Jitter (not a wait): lands the dependent's enqueue before,
+			// during or after the prerequisite's finish.
+			<-time.After(rand.N(span))
+		}
 		res, err := e.q.InsertMany(ctx, nil, []backlog.JobSpec{{Type: "dep", Options: []backlog.EnqueueOption{backlog.DependsOn(pre)}}})
 		require.NoError(t, err)
 		var blocked bool

@@ -37,22 +37,22 @@ var (
 // migration may rewrite a large table; the caller's context bounds it),
 // no idle-in-transaction or transaction timeout, and no lock timeout
 // while it waits for the migration lock (whoever holds it is migrating
-// and gives up within LockTimeout when it cannot). Then lock_timeout is
-// LockTimeout for the migration's own locks.
+// and gives up within LockTimeout when it cannot), all set by the
+// statement that begins it. Then lock_timeout is LockTimeout for the
+// migration's own locks.
 func begin(ctx context.Context, pool *pgxpool.Pool, schema string) (pgx.Tx, error) {
-	tx, err := pool.Begin(ctx)
+	// The timeouts go in the message that begins the transaction (a simple
+	// query of several statements): a pool's idle-in-transaction timeout
+	// of 100 ms must not end the session in the moment between BEGIN and
+	// the statement that lifts it, as it did on a loaded machine.
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: `BEGIN;
+SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true),
+	set_config('idle_in_transaction_session_timeout', '0', true);
+SELECT set_config('transaction_timeout', '0', true) WHERE current_setting('transaction_timeout', true) IS NOT NULL`})
 	if err != nil {
 		return nil, fmt.Errorf("migrate: begin: %w", err)
 	}
-	_, err = tx.Exec(ctx, `SELECT set_config('statement_timeout', '0', true), set_config('lock_timeout', '0', true),
-	set_config('idle_in_transaction_session_timeout', '0', true)`)
-	if err == nil {
-		// PostgreSQL 17 and later.
-		_, err = tx.Exec(ctx, `SELECT set_config('transaction_timeout', '0', true) WHERE current_setting('transaction_timeout', true) IS NOT NULL`)
-	}
-	if err == nil {
-		_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('backlog.migrate'), hashtext($1))`, schema)
-	}
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('backlog.migrate'), hashtext($1))`, schema)
 	if err == nil {
 		_, err = tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", LockTimeout.Milliseconds()))
 	}
