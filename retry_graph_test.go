@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
@@ -569,4 +570,164 @@ func TestRetryDAGsRacingTheWorkers(t *testing.T) {
 	require.Zero(t, bad.Load(), "%v", badMsg.Load())
 	require.Empty(t, rec.matching("deadlock"))
 	require.Empty(t, rec.matching("claiming jobs failed"))
+}
+
+// attemptResult is a prerequisite's result naming the attempt that wrote
+// it.
+type attemptResult struct {
+	From    uuid.UUID
+	Attempt int
+}
+
+// blockedBehind waits until a statement of another session waits for a
+// lock that tx's session holds.
+func (e *env) blockedBehind(tx pgx.Tx, within time.Duration) {
+	e.t.Helper()
+	var pid int
+	require.NoError(e.t, tx.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid))
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var n int
+		require.NoError(e.t, e.pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n))
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("no statement waited for session %d within %s", pid, within)
+		}
+		<-tick.C
+	}
+}
+
+// prerequisiteRig runs "p" (its result names its attempt) and "d" (it
+// records what it read of its one prerequisite).
+type prerequisiteRig struct {
+	e    *env
+	mu   sync.Mutex
+	seen map[uuid.UUID]backlog.Prerequisite
+}
+
+func newPrerequisiteRig(t *testing.T) *prerequisiteRig {
+	r := &prerequisiteRig{e: newEnv(t), seen: map[uuid.UUID]backlog.Prerequisite{}}
+	mux := backlog.NewMux()
+	mux.HandleFunc("p", func(ctx context.Context, job *backlog.Job) error {
+		if job.Attempt == 1 && strings.Contains(string(job.Args), "fail") {
+			return backlog.Permanent(errors.New("first attempt fails"))
+		}
+		return job.SetResult(attemptResult{From: job.ID, Attempt: job.Attempt})
+	})
+	mux.HandleFunc("d", func(ctx context.Context, job *backlog.Job) error {
+		ps, err := job.Prerequisites(ctx)
+		if err != nil || len(ps) != 1 {
+			return backlog.Permanent(fmt.Errorf("prerequisites: %v %v", ps, err))
+		}
+		r.mu.Lock()
+		r.seen[job.ID] = ps[0]
+		r.mu.Unlock()
+		return nil
+	})
+	work(t, r.e.q, mux, backlog.Concurrency(4))
+	return r
+}
+
+// requireRead checks that dependent d completed after reading the result
+// of its prerequisite's attempt.
+func (r *prerequisiteRig) requireRead(d uuid.UUID, attempt int) {
+	r.e.t.Helper()
+	r.e.waitState(d, 20*time.Second, backlog.StateCompleted)
+	r.mu.Lock()
+	p := r.seen[d]
+	r.mu.Unlock()
+	require.Equal(r.e.t, backlog.StateCompleted, p.State, "the prerequisite as the dependent read it: %+v", p)
+	var res attemptResult
+	require.NoError(r.e.t, json.Unmarshal(p.Result, &res))
+	require.Equal(r.e.t, attemptResult{From: p.ID, Attempt: attempt}, res, "the result the dependent was given")
+}
+
+// A dependent enqueued when its prerequisite had completed is given that
+// result, even when the prerequisite is retried (its result cleared)
+// while the enqueue is still under way: here the enqueue waits for
+// another transaction holding its unique key.
+func TestRetryOfACompletedPrerequisiteDuringAnEnqueue(t *testing.T) {
+	t.Parallel()
+	r := newPrerequisiteRig(t)
+	e, ctx := r.e, context.Background()
+	p, err := e.q.Enqueue(ctx, "p", nil)
+	require.NoError(t, err)
+	e.waitState(p, 10*time.Second, backlog.StateCompleted)
+
+	holder, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = e.q.EnqueueTx(ctx, holder, "d", nil, backlog.UniqueKey("u"), backlog.RunAt(time.Now().Add(time.Hour)))
+	require.NoError(t, err)
+	type res struct {
+		id  uuid.UUID
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		id, err := e.q.Enqueue(ctx, "d", nil, backlog.DependsOn(p), backlog.UniqueKey("u"))
+		done <- res{id, err}
+	}()
+	e.blockedBehind(holder, 10*time.Second)
+	// The enqueue has read p as completed and holds KEY SHARE on it; the
+	// retry does not wait for that.
+	st, err := e.q.Retry(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateAvailable, st)
+	require.NoError(t, holder.Rollback(ctx))
+	got := <-done
+	require.NoError(t, got.err)
+	r.requireRead(got.id, 1)
+	e.waitJob(p, 20*time.Second, func(i *backlog.JobInfo) bool { return i.State == backlog.StateCompleted && i.Attempt == 2 })
+}
+
+// The same for a dependent retried by hand: it is given the result its
+// prerequisite had when the retry read it, whatever a retry of the
+// prerequisite does meanwhile.
+func TestRetryOfACompletedPrerequisiteDuringARetryOfItsDependent(t *testing.T) {
+	t.Parallel()
+	r := newPrerequisiteRig(t)
+	e, ctx := r.e, context.Background()
+	p, err := e.q.Enqueue(ctx, "p", json.RawMessage(`"fail"`), backlog.MaxAttempts(1))
+	require.NoError(t, err)
+	d, err := e.q.Enqueue(ctx, "d", nil, backlog.DependsOn(p))
+	require.NoError(t, err)
+	e.waitState(d, 10*time.Second, backlog.StateCancelled)
+	_, err = e.q.Retry(ctx, p)
+	require.NoError(t, err)
+	e.waitState(p, 10*time.Second, backlog.StateCompleted)
+
+	// Hold d's row, wherever the retirer has put it: the retry of d reads
+	// p, then waits for it.
+	holder, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	var n int
+	require.NoError(t, holder.QueryRow(ctx, `SELECT (SELECT count(*) FROM (SELECT 1 FROM "`+e.schema+`".jobs WHERE id = $1 FOR UPDATE) a)
+	+ (SELECT count(*) FROM (SELECT 1 FROM "`+e.schema+`".job_history WHERE id = $1 FOR UPDATE) b)`, d).Scan(&n))
+	require.Equal(t, 1, n)
+	type res struct {
+		st  backlog.State
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		st, err := e.q.Retry(ctx, d)
+		done <- res{st, err}
+	}()
+	e.blockedBehind(holder, 10*time.Second)
+	st, err := e.q.Retry(ctx, p)
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateAvailable, st)
+	require.NoError(t, holder.Commit(ctx))
+	got := <-done
+	require.NoError(t, got.err)
+	require.Equal(t, backlog.StateAvailable, got.st)
+	r.requireRead(d, 2)
+	e.waitJob(p, 20*time.Second, func(i *backlog.JobInfo) bool { return i.State == backlog.StateCompleted && i.Attempt == 3 })
 }

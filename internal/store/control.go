@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -200,10 +199,11 @@ func (s *Store) Retry(ctx context.Context, id uuid.UUID) (ControlOutcome, error)
 			}
 		}
 		if len(rp.done) > 0 {
-			// Given their results again: the release that did it once
-			// may be long gone, and with it the kept copy.
-			if err := s.recordInputs(ctx, tx, slices.Repeat([]uuid.UUID{id}, len(rp.done)), rp.done); err != nil {
-				return fmt.Errorf("keeping prerequisites' results: %w", err)
+			// Given their results again (planRetry kept them: the
+			// release that did it once may be long gone, and with it
+			// the kept copy), and listing them.
+			if err := s.listInputs(ctx, tx, id, rp.done); err != nil {
+				return fmt.Errorf("listing prerequisites: %w", err)
 			}
 		}
 		out.State, out.Avail = state, rp.locked

@@ -87,10 +87,10 @@ import (
 //
 // # Kept results (migration 0012)
 //
-// A release, and an enqueue whose prerequisite had already completed,
-// only ever insert rows into job_inputs (no unique key, no update), so no
-// writer of job_inputs waits for another, whatever order their
-// transactions take; the cleaner deletes job_inputs rows with SKIP LOCKED
+// A release, and the locking read of an enqueue or a retry by hand that
+// finds a prerequisite completed, only ever insert rows into job_inputs
+// (no unique key, no update), so no writer of job_inputs waits for
+// another, whatever order their transactions take; the cleaner deletes job_inputs rows with SKIP LOCKED
 // and takes no job lock. job_inputs is thus in no lock order at all.
 
 type graphSQL struct {
@@ -112,7 +112,10 @@ WHERE NOT pg_try_advisory_xact_lock(hashtext($1), hashtext(k))`
 	// Prerequisites, upstream rows: KEY SHARE, waiting, in ID order. An
 	// available one is skipped by concurrent claims while locked: the
 	// caller announces it, to be delivered when the lock goes (at commit).
-	g.lockPrereqs = `SELECT id, state, type, tags, run_at FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE`
+	// The results of the completed ones among $2 (dependencies, not chain
+	// predecessors) are kept (inputs.go).
+	g.lockPrereqs = s.keeping(`SELECT id, state, type, tags, run_at, result, finished_at FROM `+s.jobs+` WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE`,
+		"$2", "id, state, type, tags, run_at")
 	cols := `(id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state, blocked_by, ordering_key, unique_key, last_error, finished_at, concurrency_key, meta, prereqs)`
 	// A job that would be available but is due later is scheduled. A job
 	// with dependencies lists them all in prereqs from the start (passed as
@@ -234,7 +237,7 @@ SELECT count(*), count(pg_notify($4, json_build_object('done', id)::text)) FILTE
 	g.read = `SELECT state, COALESCE(ordering_key, '') FROM ` + s.jobs + ` WHERE id = $1
 UNION ALL SELECT state, COALESCE(ordering_key, '') FROM ` + s.history + ` WHERE id = $1 LIMIT 1`
 	// Finished jobs' states, for prerequisites no longer in jobs.
-	g.finishedStates = `SELECT id, state FROM ` + s.history + ` WHERE id = ANY($1::uuid[])`
+	g.finishedStates = s.keeping(`SELECT id, state, type, result, finished_at FROM `+s.history+` WHERE id = ANY($1::uuid[])`, "$2", "id, state")
 	g.finishedState = `SELECT state FROM ` + s.history + ` WHERE id = $1`
 	g.lockOne = `SELECT state FROM ` + s.jobs + ` WHERE id = $1 FOR UPDATE`
 	g.cancelQueued = `WITH c AS (

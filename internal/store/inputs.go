@@ -15,14 +15,14 @@ import (
 // since migration 0018; only those that completed for a job enqueued
 // earlier), and the results of those that completed are copied aside
 // into job_inputs: the release of the edges does it (graph.go), and so
-// does the enqueue of a job whose prerequisite had already completed
-// (recordInputs), and the retry by hand of a dependent (control.go). A handler reads them from job_inputs
-// (Inputs), one statement for all of a job's prerequisites, whatever the
-// retention of finished jobs: the cleaner deletes a job_inputs row only
-// when no live job lists it (CleanInputs).
+// does the statement that reads (and locks) the prerequisites of a job
+// enqueued, or retried by hand, after they completed (keeping). A handler
+// reads them from job_inputs (Inputs), one statement for all of a job's
+// prerequisites, whatever the retention of finished jobs: the cleaner
+// deletes a job_inputs row only when no live job lists it (CleanInputs).
 
 type inputsSQL struct {
-	read, record, clean string
+	read, list, clean string
 }
 
 // InputsKeep is how long the cleaner keeps a row of job_inputs after it was
@@ -50,24 +50,10 @@ LEFT JOIN LATERAL (
 	SELECT ` + cols + ` FROM ` + s.history + ` WHERE id = x.id AND k.id IS NULL
 	LIMIT 1) a ON true
 ORDER BY x.i`
-	// Jobs enqueued with prerequisites that had already completed: the
-	// jobs list them, and their results are kept. The prerequisites are
-	// locked (KEY SHARE, or finished and in job_history) by the caller.
-	in.record = `WITH kept AS (
-	INSERT INTO ` + s.inputs + ` (id, type, result, finished_at)
-	SELECT p.id, p.type, p.result, p.finished_at FROM (
-		SELECT id, type, result, finished_at FROM ` + s.jobs + ` WHERE id = ANY($2::uuid[]) AND state = 'completed'
-		UNION ALL
-		SELECT id, type, result, finished_at FROM ` + s.history + ` WHERE id = ANY($2::uuid[]) AND state = 'completed') p
-	WHERE ` + s.inputsFresh("p") + `
-), upd AS (
-	UPDATE ` + s.jobs + ` j SET prereqs = COALESCE(j.prereqs, '{}') || ARRAY(SELECT d FROM unnest(x.done) d WHERE NOT d = ANY(COALESCE(j.prereqs, '{}')))
-	FROM (SELECT u.job, array_agg(u.prereq ORDER BY u.prereq) AS done FROM unnest($1::uuid[], $2::uuid[]) AS u(job, prereq)
-	      GROUP BY u.job) x
-	WHERE j.id = x.job AND (j.prereqs IS NULL OR NOT j.prereqs @> x.done)
-	RETURNING j.id
-)
-SELECT count(*) FROM upd`
+	// A retried job (control.go) lists every prerequisite whose result it
+	// was given: a job enqueued before migration 0018 may not list them all.
+	in.list = `UPDATE ` + s.jobs + ` SET prereqs = COALESCE(prereqs, '{}') || ARRAY(SELECT d FROM unnest($2::uuid[]) d WHERE NOT d = ANY(COALESCE(prereqs, '{}')))
+WHERE id = $1 AND (prereqs IS NULL OR NOT prereqs @> $2::uuid[])`
 	// Kept results no live job lists, written more than InputsKeep ago. A
 	// writer adds a fresh row rather than touching an old one
 	// (inputsFresh), so a dependent committed after this statement's
@@ -118,11 +104,28 @@ func (s *Store) Inputs(ctx context.Context, ids []uuid.UUID) ([]Input, error) {
 	return out, err
 }
 
-// recordInputs lists, for each pair (jobs[i], prereqs[i]), the completed
-// prerequisite in the job's prereqs and keeps its result, inside tx.
-func (s *Store) recordInputs(ctx context.Context, tx DB, jobs, prereqs []uuid.UUID) error {
-	var n int64
-	return tx.QueryRow(ctx, s.in.record, Mode, jobs, prereqs).Scan(&n)
+// keeping wraps read, a statement reading prerequisite rows (with at least
+// the columns id, state, type, result and finished_at), so that the same
+// statement keeps the results of those that completed and are listed in
+// the array parameter deps (inputs.go), and returns the columns out of
+// them. In the same statement, so on the same rows: a later statement
+// could find a completed prerequisite retried meanwhile, its result
+// cleared (a retry does not wait for the KEY SHARE lock that read may
+// hold). A kept row that ends up unused (the transaction inserts no
+// dependent after all) goes with the cleaner, as any other.
+func (s *Store) keeping(read, deps, out string) string {
+	return `WITH r AS (` + read + `), kept AS (
+	INSERT INTO ` + s.inputs + ` (id, type, result, finished_at)
+	SELECT r.id, r.type, r.result, r.finished_at FROM r
+	WHERE r.state = 'completed' AND r.id = ANY(` + deps + `::uuid[]) AND ` + s.inputsFresh("r") + `
+)
+SELECT ` + out + ` FROM r`
+}
+
+// listInputs adds to job id's prereqs those of done it does not list.
+func (s *Store) listInputs(ctx context.Context, tx DB, id uuid.UUID, done []uuid.UUID) error {
+	_, err := tx.Exec(ctx, s.in.list, Mode, id, done)
+	return err
 }
 
 // CleanInputs deletes up to limit kept results that no live job needs,

@@ -74,7 +74,6 @@ func (s *Store) InsertGraph(ctx context.Context, tx DB, jobs []GraphJob) (GraphR
 		{"looking up unique keys", g.findHeldKeys},
 		{"inserting jobs", g.insertRows},
 		{"inserting edges", g.insertEdges},
-		{"keeping prerequisites' results", g.recordInputs},
 	}
 	for _, st := range steps {
 		if err := st.run(ctx); err != nil {
@@ -108,7 +107,6 @@ type graphInsert struct {
 	lastErr  []*string
 	eP, eJ   []uuid.UUID // edges: prerequisite, job
 	eK       []string    // edge kinds
-	cJ, cP   []uuid.UUID // jobs and their prerequisites that had already completed
 	inserted map[uuid.UUID]bool
 }
 
@@ -154,9 +152,10 @@ func (g *graphInsert) lockChains(ctx context.Context) error {
 
 // lockPrerequisites takes KEY SHARE on the external prerequisites
 // (dependencies outside the batch and the chain tails) and reads their
-// state after the lock.
+// state after the lock, keeping the results of the dependencies that
+// completed (inputs.go).
 func (g *graphInsert) lockPrerequisites(ctx context.Context) error {
-	var ids []uuid.UUID
+	var ids, deps []uuid.UUID
 	add := func(id uuid.UUID) {
 		if _, in := g.inBatch[id]; !in && !slices.Contains(ids, id) {
 			ids = append(ids, id)
@@ -167,13 +166,14 @@ func (g *graphInsert) lockPrerequisites(ctx context.Context) error {
 			add(d)
 		}
 	}
+	deps = slices.Clone(ids)
 	for _, t := range g.tails {
 		add(t)
 	}
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := g.tx.Query(ctx, g.s.graph.lockPrereqs, Mode, ids)
+	rows, err := g.tx.Query(ctx, g.s.graph.lockPrereqs, Mode, ids, deps)
 	if err != nil {
 		return err
 	}
@@ -202,7 +202,7 @@ func (g *graphInsert) lockPrerequisites(ctx context.Context) error {
 		}
 	}
 	if len(gone) > 0 {
-		rows, err := g.tx.Query(ctx, g.s.graph.finishedStates, Mode, gone)
+		rows, err := g.tx.Query(ctx, g.s.graph.finishedStates, Mode, gone, deps)
 		if err != nil {
 			return err
 		}
@@ -251,7 +251,8 @@ func (g *graphInsert) planEdges(context.Context) error {
 			}
 			switch {
 			case st == "completed":
-				g.cJ, g.cP = append(g.cJ, j.ID), append(g.cP, d)
+				// Its result was kept by the statement that read it
+				// (lockPrerequisites), and the job lists it.
 			case st == "failed" || st == "cancelled":
 				if g.lastErr[i] == nil {
 					msg := fmt.Sprintf("%s%s %s", cancelPrefix, d, st)
@@ -284,22 +285,6 @@ func (g *graphInsert) planEdges(context.Context) error {
 		prev[k] = j.ID
 	}
 	return nil
-}
-
-// recordInputs lists prerequisites that had already completed in their
-// inserted dependents' prereqs, and keeps their results (inputs.go): the
-// release that does it for the others will not come for these.
-func (g *graphInsert) recordInputs(ctx context.Context) error {
-	var jobs, prereqs []uuid.UUID
-	for i, j := range g.cJ {
-		if g.inserted[j] {
-			jobs, prereqs = append(jobs, j), append(prereqs, g.cP[i])
-		}
-	}
-	if len(jobs) == 0 {
-		return nil
-	}
-	return g.s.recordInputs(ctx, g.tx, jobs, prereqs)
 }
 
 func (g *graphInsert) addEdge(i int, prereq uuid.UUID, kind string) {

@@ -52,11 +52,13 @@ func (s *Store) buildRetry() {
 	r.own = `SELECT prereqs, last_error FROM ` + s.jobs + ` WHERE id = $1
 UNION ALL SELECT prereqs, last_error FROM ` + s.history + ` WHERE id = $1 LIMIT 1`
 	r.edgesIn = `SELECT prereq, kind FROM ` + s.edges + ` WHERE job = $1`
-	r.lockNowait = `SELECT id, state, type, tags, run_at FROM ` + s.jobs + ` WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE NOWAIT`
+	r.lockNowait = s.keeping(`SELECT id, state, type, tags, run_at, result, finished_at FROM `+s.jobs+` WHERE id = ANY($1::uuid[]) ORDER BY id FOR KEY SHARE NOWAIT`,
+		"$2", "id, state, type, tags, run_at")
 	// By ranges of IDs: job_history's BRIN index answers a range with one
 	// scan, "id = ANY" with one scan per ID (see ExistingIDs).
-	r.historyStates = `SELECT h.id, h.state FROM unnest($2::uuid[], $3::uuid[]) AS r(lo, hi)
-CROSS JOIN LATERAL (SELECT id, state FROM ` + s.history + ` WHERE id BETWEEN r.lo AND r.hi AND (id = ANY($1::uuid[])) IS TRUE) h`
+	r.historyStates = s.keeping(`SELECT h.* FROM unnest($3::uuid[], $4::uuid[]) AS b(lo, hi)
+CROSS JOIN LATERAL (SELECT id, state, type, result, finished_at FROM `+s.history+` WHERE id BETWEEN b.lo AND b.hi AND (id = ANY($1::uuid[])) IS TRUE) h`,
+		"$2", "id, state")
 }
 
 // retryEdge is an edge into the retried job.
@@ -130,7 +132,7 @@ func (s *Store) planRetry(ctx context.Context, tx pgx.Tx, id uuid.UUID, okey str
 	if len(upstream) == 0 {
 		return rp, nil
 	}
-	states, err := s.lockUpstream(ctx, tx, upstream, &rp)
+	states, err := s.lockUpstream(ctx, tx, upstream, declared, &rp)
 	if err != nil {
 		return rp, err
 	}
@@ -167,7 +169,8 @@ func (s *Store) planRetry(ctx context.Context, tx pgx.Tx, id uuid.UUID, okey str
 }
 
 // lockUpstream takes FOR KEY SHARE on the live ones of ids (sorted), and
-// returns the states of all of them that exist, read after the lock.
+// returns the states of all of them that exist, read after the lock. The
+// same statements keep the results of the completed ones among deps.
 //
 // A job found in neither table may be moving between them (a retry moves
 // it from job_history to jobs, the retirer back) between the statements
@@ -176,7 +179,7 @@ func (s *Store) planRetry(ctx context.Context, tx pgx.Tx, id uuid.UUID, okey str
 // then is gone. The late look in jobs takes its lock out of ID order, so
 // only with NOWAIT: a busy row restarts the transaction with it in the
 // lock plan (runGraphTx).
-func (s *Store) lockUpstream(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, rp *retryPlan) (map[uuid.UUID]string, error) {
+func (s *Store) lockUpstream(ctx context.Context, tx pgx.Tx, ids, deps []uuid.UUID, rp *retryPlan) (map[uuid.UUID]string, error) {
 	states := make(map[uuid.UUID]string, len(ids))
 	missing := func(ids []uuid.UUID) []uuid.UUID {
 		var out []uuid.UUID
@@ -187,7 +190,7 @@ func (s *Store) lockUpstream(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, rp
 		}
 		return out
 	}
-	if err := s.lockLive(ctx, tx, s.graph.lockPrereqs, ids, states, rp); err != nil {
+	if err := s.lockLive(ctx, tx, s.graph.lockPrereqs, ids, deps, states, rp); err != nil {
 		return nil, err
 	}
 	for round := 0; round < 2; round++ {
@@ -195,7 +198,7 @@ func (s *Store) lockUpstream(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, rp
 		if len(gone) == 0 {
 			break
 		}
-		if err := s.finishedStates(ctx, tx, gone, states); err != nil {
+		if err := s.finishedStates(ctx, tx, gone, deps, states); err != nil {
 			return nil, err
 		}
 		if gone = missing(gone); len(gone) == 0 || round == 1 {
@@ -205,7 +208,7 @@ func (s *Store) lockUpstream(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, rp
 		if err != nil {
 			return nil, err
 		}
-		if err := s.lockLive(ctx, sp, s.retry.lockNowait, gone, states, rp); err != nil {
+		if err := s.lockLive(ctx, sp, s.retry.lockNowait, gone, deps, states, rp); err != nil {
 			_ = sp.Rollback(ctx)
 			if pgerr.Busy(err) {
 				return nil, &restartError{rows: gone}
@@ -219,10 +222,11 @@ func (s *Store) lockUpstream(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, rp
 	return states, nil
 }
 
-// lockLive runs a locking read of ids in jobs (lockPrereqs' columns) and
-// records their states, and the available ones in rp.locked.
-func (s *Store) lockLive(ctx context.Context, tx pgx.Tx, sql string, ids []uuid.UUID, states map[uuid.UUID]string, rp *retryPlan) error {
-	rows, err := tx.Query(ctx, sql, Mode, ids)
+// lockLive runs a locking read of ids in jobs (lockPrereqs' columns,
+// keeping the results of deps) and records their states, and the
+// available ones in rp.locked.
+func (s *Store) lockLive(ctx context.Context, tx pgx.Tx, sql string, ids, deps []uuid.UUID, states map[uuid.UUID]string, rp *retryPlan) error {
+	rows, err := tx.Query(ctx, sql, Mode, ids, deps)
 	if err != nil {
 		return fmt.Errorf("locking prerequisites: %w", err)
 	}
@@ -245,10 +249,11 @@ func (s *Store) lockLive(ctx context.Context, tx pgx.Tx, sql string, ids []uuid.
 	return nil
 }
 
-// finishedStates records the states of those of ids in job_history.
-func (s *Store) finishedStates(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, states map[uuid.UUID]string) error {
+// finishedStates records the states of those of ids in job_history,
+// keeping the results of deps.
+func (s *Store) finishedStates(ctx context.Context, tx pgx.Tx, ids, deps []uuid.UUID, states map[uuid.UUID]string) error {
 	lo, hi := idRanges(ids, 1000)
-	rows, err := tx.Query(ctx, s.retry.historyStates, Mode, ids16(ids), ids16(lo), ids16(hi))
+	rows, err := tx.Query(ctx, s.retry.historyStates, Mode, ids16(ids), deps, ids16(lo), ids16(hi))
 	if err != nil {
 		return fmt.Errorf("reading finished prerequisites: %w", err)
 	}
