@@ -271,7 +271,9 @@ func TestDrainUntilIdle(tt *testing.T) {
 		note("step " + string(job.Args))
 		return nil
 	})
-	mux.HandleFunc("flaky", func(ctx context.Context, job *backlog.Job) error { note("flaky"); return errors.New("flaky") })
+	// A retry an hour away: the drain, however slow, must not see it due.
+	mux.HandleFunc("flaky", func(ctx context.Context, job *backlog.Job) error { note("flaky"); return errors.New("flaky") },
+		backlog.RetryBackoff(backlog.Backoff{Initial: time.Hour}))
 
 	_, err := q.Enqueue(ctx, "signup", map[string]string{"user": "ada"})
 	require.NoError(tt, err)
