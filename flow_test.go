@@ -289,8 +289,12 @@ func TestFairnessAcrossKeys(t *testing.T) {
 	}
 	t.Logf("the last small-key job started as number %d of %d started", last+1, len(order))
 	// Round-robin: about one big job per round of 21 groups, so the 100
-	// small jobs are done within about 105 starts (prefetch adds a batch).
-	require.Less(t, last, 400, "small keys waited behind the big one")
+	// small jobs are claimed within about 105 (prefetch adds a batch);
+	// first in, first out, they would start after the 2,000 big ones. The
+	// bound is on starts, which a loaded machine reorders: a worker handed
+	// a small job can be descheduled while the others run hundreds of big
+	// ones (423 starts seen beside a CPU burner).
+	require.Less(t, last, 1000, "small keys waited behind the big one")
 }
 
 // Raising a limit lets more jobs start at once, and removing it releases
