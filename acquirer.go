@@ -9,8 +9,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/backlogq/backlog/internal/store"
 	"github.com/cenkalti/backoff/v4"
+
+	"github.com/backlogq/backlog/internal/outage"
+	"github.com/backlogq/backlog/internal/posting"
+	"github.com/backlogq/backlog/internal/run"
+	"github.com/backlogq/backlog/internal/store"
 )
 
 // acquirerStore is the one thing the Acquirer needs from the database
@@ -21,27 +25,13 @@ type acquirerStore interface {
 	// buffer).
 	claim(ctx context.Context, d *domainSpec, k, now int) (claimResult, error)
 	// release gives back jobs that were claimed but that no acquiree took.
-	release(jobs []*Job)
+	release(jobs []*claimed)
 	// holdBack stops the jobs of types that were handed to acquirees but
 	// whose handlers have not begun (they give them back).
 	holdBack(types []string)
 	// flowChanges returns the current flow epoch and the types paused or
 	// whose limits were tightened after epoch since.
 	flowChanges(ctx context.Context, since int64) (int64, []string, error)
-}
-
-// claimResult is what one claim took.
-type claimResult struct {
-	jobs []*Job
-	// skipped: when fewer than k jobs were taken, due jobs of the domain
-	// exist that were locked by another transaction. The domain must not
-	// park on them: it queries again shortly.
-	skipped bool
-	// limited: a limit (flow control) held back jobs of the domain.
-	limited store.Limited
-	// next, when a rate limit held jobs back: when it allows the next
-	// start.
-	next time.Duration
 }
 
 // extraClaimMax bounds an extra claim: one started by a posting while the
@@ -109,15 +99,16 @@ const flowWatch = time.Second
 type acquirer struct {
 	store        acquirerStore
 	log          *slog.Logger
-	faults       *outages
+	faults       *outage.Tracker
 	pollInterval time.Duration
 	pollJitter   time.Duration
 	// scheduled hears of jobs due in the given time (postings with In > 0).
 	scheduled func(in time.Duration)
 
-	ctx    context.Context // claims run under it, not under an acquiree's context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // claim goroutines and timer callbacks
+	// group owns the claim goroutines and timer callbacks; claims run
+	// under its context (ctx), not under an acquiree's.
+	group run.Group
+	ctx   context.Context
 
 	mu      sync.Mutex
 	domains map[string]*domain
@@ -160,23 +151,25 @@ type acquiree struct {
 }
 
 type acquired struct {
-	job *Job
+	job *claimed
 	err error
 }
 
-type acqTimer struct{ t *time.Timer }
+type acqTimer struct{ t *run.Timer }
 
-func newAcquirer(store acquirerStore, log *slog.Logger, faults *outages, pollInterval, pollJitter time.Duration) *acquirer {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &acquirer{store: store, log: log, faults: faults, pollInterval: pollInterval, pollJitter: pollJitter,
-		ctx: ctx, cancel: cancel, domains: map[string]*domain{}}
+func newAcquirer(store acquirerStore, log *slog.Logger, faults *outage.Tracker, pollInterval, pollJitter time.Duration,
+	scheduled func(in time.Duration)) *acquirer {
+	a := &acquirer{store: store, scheduled: scheduled, log: log, faults: faults, pollInterval: pollInterval, pollJitter: pollJitter,
+		domains: map[string]*domain{}}
+	a.ctx = a.group.Context()
+	return a
 }
 
 // acquire blocks until it is handed a job of the domain, ctx is done, or
 // the acquirer is closed. When ctx ends while a claim is in flight, it
 // waits for that claim, which may still hand it a job: it then returns the
 // job together with ctx's error, and the caller must release the job.
-func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*Job, error) {
+func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*claimed, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -231,8 +224,8 @@ func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*Job, error) 
 func (a *acquirer) domainLocked(spec *domainSpec) *domain {
 	d := a.domains[spec.key]
 	if d == nil {
-		d = &domain{spec: spec, errs: newBackoff(100*time.Millisecond, 5*time.Second, 0),
-			skips: newBackoff(5*time.Millisecond, time.Second, 0)}
+		d = &domain{spec: spec, errs: run.NewBackoff(100*time.Millisecond, 5*time.Second),
+			skips: run.NewBackoff(5*time.Millisecond, time.Second)}
 		a.domains[spec.key] = d
 	}
 	return d
@@ -254,7 +247,7 @@ func (a *acquirer) join(spec *domainSpec, workers, prefetch int) {
 // was the domain's last, leave waits for a claim still in flight and
 // returns the jobs the buffer holds, which the caller must release (so
 // they are accounted to that Work call).
-func (a *acquirer) leave(spec *domainSpec, workers int) []*Job {
+func (a *acquirer) leave(spec *domainSpec, workers int) []*claimed {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	d := a.domains[spec.key]
@@ -310,13 +303,11 @@ func (a *acquirer) maybeClaimLocked(d *domain) {
 		return
 	}
 	d.querying = true
-	a.wg.Add(1)
-	go a.claimLoop(d)
+	a.group.Go(func(context.Context) { a.claimLoop(d) })
 }
 
 // claimLoop is the domain's clearance: the only code that queries for it.
 func (a *acquirer) claimLoop(d *domain) {
-	defer a.wg.Done()
 	for {
 		a.mu.Lock()
 		// Waiters an extra claim in flight asked for are not counted.
@@ -343,7 +334,7 @@ func (a *acquirer) claimLoop(d *domain) {
 		a.mu.Lock()
 		now := time.Now()
 		d.claimedLocked(now.Sub(started))
-		var surplus []*Job // if the acquirer closed, or a drop came, during the claim
+		var surplus []*claimed // if the acquirer closed, or a drop came, during the claim
 		if d.drops != drops {
 			// A pause or a tightened limit came while the statement ran,
 			// perhaps under the old rules: give everything back and ask
@@ -373,7 +364,7 @@ func (a *acquirer) claimLoop(d *domain) {
 				return
 			}
 			wait := d.errs.NextBackOff()
-			if !a.faults.failed("claims", err) {
+			if !a.faults.Failed("claims", err) {
 				a.log.Warn("backlog: claiming jobs failed; retrying", "types", d.spec.types, "in", wait, "err", err)
 			}
 			a.retryLocked(d, wait)
@@ -450,7 +441,7 @@ func (a *acquirer) claimLoop(d *domain) {
 func (a *acquirer) claim(d *domain, k, now int) (claimResult, error) {
 	res, err := a.store.claim(a.ctx, d.spec, k, now)
 	if err == nil {
-		a.faults.ok("claims")
+		a.faults.OK("claims")
 	}
 	if err == nil && len(res.jobs) > k {
 		// Broken invariant: keep what was asked for, give the rest back.
@@ -465,7 +456,7 @@ func (a *acquirer) claim(d *domain, k, now int) (claimResult, error) {
 // handOutLocked hands jobs to the domain's first waiters, FIFO, and
 // returns how many it handed (none once the acquirer is closed: every job
 // is then surplus, for the caller to release).
-func (a *acquirer) handOutLocked(d *domain, jobs []*Job, now time.Time) int {
+func (a *acquirer) handOutLocked(d *domain, jobs []*claimed, now time.Time) int {
 	n := min(len(jobs), len(d.waiters))
 	if a.closed {
 		n = 0
@@ -487,9 +478,9 @@ func (a *acquirer) endClaimLocked(d *domain) {
 
 // holdsSlots reports whether any of jobs holds a slot of a concurrency
 // limit.
-func holdsSlots(jobs []*Job) bool {
+func holdsSlots(jobs []*claimed) bool {
 	for _, j := range jobs {
-		if j.slot {
+		if j.Slot {
 			return true
 		}
 	}
@@ -541,8 +532,7 @@ func (a *acquirer) maybeExtraLocked(d *domain) {
 	}
 	d.extra, d.extraK = true, k
 	d.pending = false // the extra claim's snapshot sees what was posted
-	a.wg.Add(1)
-	go a.extraClaim(d, k, d.drops)
+	a.group.Go(func(context.Context) { a.extraClaim(d, k, d.drops) })
 }
 
 // extraClaim runs one extra claim (maybeExtraLocked) and hands out what
@@ -551,12 +541,11 @@ func (a *acquirer) maybeExtraLocked(d *domain) {
 // or failed. When the loop has ended meanwhile, the extra claim does what
 // the loop would have. drops is the domain's drop count when it started.
 func (a *acquirer) extraClaim(d *domain, k, drops int) {
-	defer a.wg.Done()
 	res, err := a.claim(d, k, k)
 	jobs := res.jobs
 	a.mu.Lock()
 	d.extra, d.extraK = false, 0
-	var surplus []*Job
+	var surplus []*claimed
 	dropped := d.drops != drops
 	if dropped { // see claimLoop
 		surplus, jobs = jobs, nil
@@ -665,13 +654,11 @@ func (a *acquirer) gcLocked(d *domain) {
 	}
 }
 
-// afterFuncLocked runs f under a.mu after wait. The callback is counted in
-// a.wg until it has run or stopTimer stopped it, so close awaits it.
+// afterFuncLocked runs f under a.mu after wait, in the acquirer's group
+// (so close awaits it, or it never runs).
 func (a *acquirer) afterFuncLocked(wait time.Duration, f func(t *acqTimer)) *acqTimer {
 	t := &acqTimer{}
-	a.wg.Add(1)
-	t.t = time.AfterFunc(wait, func() {
-		defer a.wg.Done()
+	t.t = a.group.AfterFunc(wait, func() {
 		a.mu.Lock()
 		defer a.mu.Unlock()
 		if !a.closed {
@@ -682,8 +669,8 @@ func (a *acquirer) afterFuncLocked(wait time.Duration, f func(t *acqTimer)) *acq
 }
 
 func (a *acquirer) stopTimer(p **acqTimer) {
-	if *p != nil && (*p).t.Stop() {
-		a.wg.Done()
+	if *p != nil {
+		(*p).t.Stop()
 	}
 	*p = nil
 }
@@ -692,7 +679,7 @@ func (a *acquirer) stopTimer(p **acqTimer) {
 // SQL). A posting of scheduled jobs goes to scheduled instead; one of
 // paused types, or of types whose limits were tightened, drops their
 // prefetched jobs.
-func (a *acquirer) post(p posting) {
+func (a *acquirer) post(p posting.Posting) {
 	if len(p.Hold) > 0 {
 		a.drop(p.Hold)
 		return
@@ -718,7 +705,7 @@ func (a *acquirer) post(p posting) {
 // back what they took, and stops those handed out whose handlers have
 // not begun.
 func (a *acquirer) drop(types []string) {
-	var back []*Job
+	var back []*claimed
 	a.mu.Lock()
 	for _, d := range a.domains {
 		if !slices.ContainsFunc(types, func(t string) bool { _, ok := slices.BinarySearch(d.spec.types, t); return ok }) {
@@ -743,7 +730,7 @@ func (a *acquirer) drop(types []string) {
 
 // bufferLocked adds jobs no acquiree took to d's buffer, and has the flow
 // epoch watched while it holds them.
-func (a *acquirer) bufferLocked(d *domain, jobs []*Job) {
+func (a *acquirer) bufferLocked(d *domain, jobs []*claimed) {
 	d.prefetch.putLocked(jobs)
 	if len(d.buf) > 0 && a.flow.watch == nil && !a.flow.watching {
 		a.flow.watch = a.afterFuncLocked(flowWatch, a.watchFlowLocked)
@@ -763,10 +750,8 @@ func (a *acquirer) watchFlowLocked(t *acqTimer) {
 	}
 	a.flow.watching = true
 	since := a.flow.epoch
-	a.wg.Add(1)
-	go func() { // awaited by close (a.wg)
-		defer a.wg.Done()
-		epoch, types, err := a.store.flowChanges(a.ctx, since)
+	a.group.Go(func(ctx context.Context) {
+		epoch, types, err := a.store.flowChanges(ctx, since)
 		if err == nil && len(types) > 0 {
 			a.drop(types)
 		}
@@ -775,17 +760,17 @@ func (a *acquirer) watchFlowLocked(t *acqTimer) {
 		a.flow.watching = false
 		switch {
 		case err != nil && a.ctx.Err() == nil:
-			if !a.faults.failed("flow watch", err) {
+			if !a.faults.Failed("flow watch", err) {
 				a.log.Warn("backlog: reading flow-control changes failed; retrying", "in", flowWatch, "err", err)
 			}
 		case err == nil:
-			a.faults.ok("flow watch")
+			a.faults.OK("flow watch")
 			a.flow.epoch, a.flow.known = max(a.flow.epoch, epoch), true
 		}
 		if !a.closed && a.bufferedLocked() && a.flow.watch == nil {
 			a.flow.watch = a.afterFuncLocked(flowWatch, a.watchFlowLocked)
 		}
-	}()
+	})
 }
 
 // bufferedLocked reports whether any domain holds prefetched jobs.
@@ -834,7 +819,7 @@ func (a *acquirer) wakeAll() {
 // close fails every waiting acquire with ErrClosed, stops all timers and
 // waits for the claim goroutines and timer callbacks to finish. Idempotent.
 func (a *acquirer) close() {
-	var buffered []*Job
+	var buffered []*claimed
 	a.mu.Lock()
 	if !a.closed {
 		a.closed = true
@@ -862,23 +847,10 @@ func (a *acquirer) close() {
 	// Let claims in flight finish, so jobs they took are released rather
 	// than left running until their leases expire; cut them off if the
 	// database does not answer.
-	done := make(chan struct{})
-	go func() { // exits once a.wg is done; awaited below
-		a.wg.Wait()
-		close(done)
-	}()
-	t := time.NewTimer(closeClaimWait)
-	select {
-	case <-done:
-	case <-t.C:
-	}
-	t.Stop()
-	a.cancel()
-	<-done
+	a.group.Stop(closeClaimWait)
 }
 
-func (a *acquirer) start() {}
-func (a *acquirer) stop()  { a.close() }
+func (a *acquirer) stop() { a.close() }
 
 // closeClaimWait bounds how long close waits for claims in flight.
 const closeClaimWait = 5 * time.Second

@@ -11,6 +11,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/backlogq/backlog/internal/posting"
+	"github.com/backlogq/backlog/internal/store"
 )
 
 // Tests of the extra claim (maybeExtraLocked) with a scripted store: every
@@ -24,7 +27,7 @@ type scriptCall struct {
 type scriptStore struct {
 	calls    chan scriptCall
 	mu       sync.Mutex
-	released []*Job
+	released []*claimed
 }
 
 func (s *scriptStore) claim(ctx context.Context, d *domainSpec, k, now int) (claimResult, error) {
@@ -38,7 +41,7 @@ func (s *scriptStore) claim(ctx context.Context, d *domainSpec, k, now int) (cla
 	}
 }
 
-func (s *scriptStore) release(jobs []*Job) {
+func (s *scriptStore) release(jobs []*claimed) {
 	s.mu.Lock()
 	s.released = append(s.released, jobs...)
 	s.mu.Unlock()
@@ -74,12 +77,12 @@ func noCall(t *testing.T, s *scriptStore) {
 
 func newScript(t *testing.T) (*scriptStore, *acquirer) {
 	s := &scriptStore{calls: make(chan scriptCall, 10)}
-	a := newAcquirer(s, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, 0)
+	a := newAcquirer(s, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, 0, nil)
 	t.Cleanup(a.close)
 	return s, a
 }
 
-func j(typ string) *Job { return &Job{ID: uuid.New(), Type: typ} }
+func j(typ string) *claimed { return &claimed{Claimed: store.Claimed{ID: uuid.New(), Type: typ}} }
 
 // A posting that lands while both the loop's claim and the extra claim are
 // in flight is not lost when the loop ends first.
@@ -88,28 +91,28 @@ func TestAcquirerExtraPostingWhileBothInFlight(t *testing.T) {
 		s, a := newScript(t)
 		d := spec(t, []string{"a"}, nil)
 		w1 := startAcquiree(t, a, d)
-		c0 := nextCall(t, s)       // k=1
-		c0.reply <- claimResult{}  // nothing due: short, parked
-		a.post(posting{Type: "a"}) // job A committed
-		l1 := nextCall(t, s)       // the loop's claim, k=1
+		c0 := nextCall(t, s)               // k=1
+		c0.reply <- claimResult{}          // nothing due: short, parked
+		a.post(posting.Posting{Type: "a"}) // job A committed
+		l1 := nextCall(t, s)               // the loop's claim, k=1
 		require.Equal(t, 1, l1.k)
 		w2 := startAcquiree(t, a, d)
 		synctest.Wait()
-		a.post(posting{Type: "a"}) // job B committed
-		e := nextCall(t, s)        // the extra claim, k=2 (w1, w2)
+		a.post(posting.Posting{Type: "a"}) // job B committed
+		e := nextCall(t, s)                // the extra claim, k=2 (w1, w2)
 		_ = e.k
 		w3 := startAcquiree(t, a, d)
 		synctest.Wait()
-		a.post(posting{Type: "a"})                    // job C committed, after e's snapshot: pending
-		l1.reply <- claimResult{jobs: []*Job{j("a")}} // A: full
+		a.post(posting.Posting{Type: "a"})                // job C committed, after e's snapshot: pending
+		l1.reply <- claimResult{jobs: []*claimed{j("a")}} // A: full
 		synctest.Wait()
 		w1.success()
-		e.reply <- claimResult{jobs: []*Job{j("a")}} // B only (C is newer than e's snapshot)
+		e.reply <- claimResult{jobs: []*claimed{j("a")}} // B only (C is newer than e's snapshot)
 		synctest.Wait()
 		w2.success()
 		// C is due and was posted while w3 waits: a claim runs at once.
 		c := nextCall(t, s)
-		c.reply <- claimResult{jobs: []*Job{j("a")}}
+		c.reply <- claimResult{jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		w3.success()
 	})
@@ -126,21 +129,21 @@ func TestAcquirerExtraLoopEndsFirst(t *testing.T) {
 		w1 := startAcquiree(t, a, d)
 		c0 := nextCall(t, s)
 		c0.reply <- claimResult{} // short: parked
-		a.post(posting{Type: "a"})
+		a.post(posting.Posting{Type: "a"})
 		l1 := nextCall(t, s) // k=1, for w1
-		a.post(posting{Type: "a"})
+		a.post(posting.Posting{Type: "a"})
 		e := nextCall(t, s) // the extra claim, k=1
 		require.Equal(t, 1, e.k)
 		w2 := startAcquiree(t, a, d)
 		synctest.Wait()
-		a.post(posting{Type: "a"}) // pending
-		l1.reply <- claimResult{jobs: []*Job{j("a")}}
+		a.post(posting.Posting{Type: "a"}) // pending
+		l1.reply <- claimResult{jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		w1.success()
 		noCall(t, s)             // the loop ended: w2 is counted for the extra claim
 		e.reply <- claimResult{} // short: what was posted is newer
 		c := nextCall(t, s)
-		c.reply <- claimResult{jobs: []*Job{j("a")}}
+		c.reply <- claimResult{jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		w2.success()
 	})
@@ -156,9 +159,9 @@ func TestAcquirerExtraSkippedWhileLoopRuns(t *testing.T) {
 		w1 := startAcquiree(t, a, d)
 		c0 := nextCall(t, s)
 		c0.reply <- claimResult{}
-		a.post(posting{Type: "a"})
+		a.post(posting.Posting{Type: "a"})
 		l1 := nextCall(t, s)
-		a.post(posting{Type: "a"}) // job B committed; B's row locked by another tx
+		a.post(posting.Posting{Type: "a"}) // job B committed; B's row locked by another tx
 		e := nextCall(t, s)
 		e.reply <- claimResult{skipped: true} // B skipped (locked)
 		synctest.Wait()
@@ -177,7 +180,7 @@ func TestAcquirerExtraSkippedWhileLoopRuns(t *testing.T) {
 			}
 		}()
 		require.Less(t, time.Since(start), time.Second, "the skipped job was left to the backup poll")
-		c.reply <- claimResult{jobs: []*Job{j("a")}}
+		c.reply <- claimResult{jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		w1.success()
 	})
@@ -193,14 +196,14 @@ func TestAcquirerExtraSurplusGoesBack(t *testing.T) {
 		w1 := startAcquiree(t, a, d)
 		c0 := nextCall(t, s)
 		c0.reply <- claimResult{}
-		a.post(posting{Type: "a"}) // A
+		a.post(posting.Posting{Type: "a"}) // A
 		l1 := nextCall(t, s)
-		a.post(posting{Type: "a"}) // B
+		a.post(posting.Posting{Type: "a"}) // B
 		e := nextCall(t, s)
-		l1.reply <- claimResult{jobs: []*Job{j("a")}}
+		l1.reply <- claimResult{jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		w1.success()
-		e.reply <- claimResult{jobs: []*Job{j("a")}}
+		e.reply <- claimResult{jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		a.mu.Lock()
 		n := len(a.domains[d.key].buf)

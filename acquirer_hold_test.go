@@ -30,7 +30,7 @@ func TestAcquirerDropMakesAClaimInFlightGiveBack(t *testing.T) {
 		st.mu.Lock()
 		released, held := st.released, st.heldBack
 		st.mu.Unlock()
-		require.Equal(t, []*Job{first}, released, "the claim in flight gave back what it took")
+		require.Equal(t, []*claimed{first}, released, "the claim in flight gave back what it took")
 		require.Equal(t, [][]string{{"a"}}, held, "jobs handed out but not begun were held back")
 		require.Equal(t, first.ID, ta.success().ID, "the waiter got the job from the claim made after the drop")
 		require.Equal(t, 2, st.callCount())

@@ -13,6 +13,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/backlogq/backlog/internal/posting"
+	"github.com/backlogq/backlog/internal/store"
 )
 
 // fakeStore is a scripted claim store in the spirit of Coder's acquirer
@@ -26,7 +29,7 @@ type fakeStore struct {
 	inFlight  map[string]int // claims in flight per domain: at most 2 (the loop's and an extra one)
 	overlap   []string
 	calls     []fakeCall
-	released  []*Job
+	released  []*claimed
 	errs      []error         // returned by the next claims, in order
 	gate      chan struct{}   // when set, each claim waits for one receive
 	gates     []chan struct{} // when set, the claim entering n-th waits for gates[n] to close (if any)
@@ -40,7 +43,7 @@ type fakeStore struct {
 }
 
 type fakeJob struct {
-	job   *Job
+	job   *claimed
 	dueAt time.Time
 }
 
@@ -51,10 +54,10 @@ type fakeCall struct {
 
 func newFakeStore() *fakeStore { return &fakeStore{inFlight: map[string]int{}} }
 
-func (f *fakeStore) add(typ string, tags map[string]string, in time.Duration) *Job {
+func (f *fakeStore) add(typ string, tags map[string]string, in time.Duration) *claimed {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	j := &Job{ID: uuid.New(), Type: typ, Tags: tags}
+	j := &claimed{Claimed: store.Claimed{ID: uuid.New(), Type: typ, Tags: tags}}
 	f.jobs = append(f.jobs, &fakeJob{job: j, dueAt: time.Now().Add(in)})
 	return j
 }
@@ -100,7 +103,7 @@ func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k, _ int) (claimRe
 		return claimResult{}, err
 	}
 	now := time.Now()
-	var took []*Job
+	var took []*claimed
 	rest := f.jobs[:0:0]
 	for _, fj := range f.jobs {
 		if !d.matches(fj.job.Type, fj.job.Tags) {
@@ -129,7 +132,7 @@ func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k, _ int) (claimRe
 }
 
 // lock holds a job as another transaction would: claims skip it.
-func (f *fakeStore) lock(j *Job) {
+func (f *fakeStore) lock(j *claimed) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i, fj := range f.jobs {
@@ -142,7 +145,7 @@ func (f *fakeStore) lock(j *Job) {
 }
 
 // unlock releases a job held with lock.
-func (f *fakeStore) unlock(j *Job) {
+func (f *fakeStore) unlock(j *claimed) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i, fj := range f.locked {
@@ -154,7 +157,7 @@ func (f *fakeStore) unlock(j *Job) {
 	}
 }
 
-func (f *fakeStore) release(jobs []*Job) {
+func (f *fakeStore) release(jobs []*claimed) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.released = append(f.released, jobs...)
@@ -220,7 +223,7 @@ func advance(d time.Duration) {
 }
 
 func newTestAcquirer(t *testing.T, st *fakeStore) *acquirer {
-	a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, 0)
+	a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, 0, nil)
 	t.Cleanup(func() {
 		a.close()
 		st.check(t)
@@ -252,7 +255,7 @@ func startAcquiree(t *testing.T, a *acquirer, d *domainSpec) *testAcquiree {
 }
 
 // success requires a job now (call after synctest.Wait).
-func (ta *testAcquiree) success() *Job {
+func (ta *testAcquiree) success() *claimed {
 	ta.t.Helper()
 	select {
 	case r := <-ta.res:
@@ -277,7 +280,7 @@ func (ta *testAcquiree) requireBlocked() {
 
 // requireHandedAfterCancel requires the answer to an acquiree cancelled
 // during a claim that handed it a job: the job, with context.Canceled.
-func (ta *testAcquiree) requireHandedAfterCancel() *Job {
+func (ta *testAcquiree) requireHandedAfterCancel() *claimed {
 	ta.t.Helper()
 	select {
 	case r := <-ta.res:
@@ -357,7 +360,7 @@ func TestAcquirerWaitsAndIgnoresNonMatchingPostings(t *testing.T) {
 		ta.requireBlocked()
 		require.Equal(t, 1, st.callCount())
 
-		for _, p := range []posting{
+		for _, p := range []posting.Posting{
 			{Type: "c"}, // other type
 			{Type: "a", Tags: map[string]string{"region": "us"}},               // conflicting value
 			{Type: "a", Tags: map[string]string{"region": "eu", "gpu": "yes"}}, // extra job tag
@@ -369,7 +372,7 @@ func TestAcquirerWaitsAndIgnoresNonMatchingPostings(t *testing.T) {
 			require.Equal(t, 1, st.callCount(), "posting %+v must not wake the domain", p)
 		}
 		want := st.add("b", map[string]string{"region": "eu"}, 0)
-		a.post(posting{Type: "b", Tags: map[string]string{"region": "eu"}})
+		a.post(posting.Posting{Type: "b", Tags: map[string]string{"region": "eu"}})
 		synctest.Wait()
 		require.Equal(t, want.ID, ta.success().ID)
 
@@ -377,7 +380,7 @@ func TestAcquirerWaitsAndIgnoresNonMatchingPostings(t *testing.T) {
 		ta = startAcquiree(t, a, d)
 		synctest.Wait()
 		want = st.add("a", nil, 0)
-		a.post(posting{Type: "a"})
+		a.post(posting.Posting{Type: "a"})
 		synctest.Wait()
 		require.Equal(t, want.ID, ta.success().ID)
 	})
@@ -395,7 +398,7 @@ func TestAcquirerPendingPostingMidClaim(t *testing.T) {
 		// The job commits after the claim's snapshot: the claim finds
 		// nothing, but the posting that lands meanwhile makes the domain
 		// query again at once instead of parking.
-		a.post(posting{Type: "a"})
+		a.post(posting.Posting{Type: "a"})
 		st.gate <- struct{}{} // first claim: nothing (the job is not there yet)
 		<-st.entered
 		want := st.add("a", nil, 0)
@@ -418,10 +421,10 @@ func TestAcquirerExtraClaimWhileClaimInFlight(t *testing.T) {
 		<-st.entered // claim 0
 		close(st.gates[0])
 		synctest.Wait() // nothing: the domain parks, with no backlog
-		a.post(posting{Type: "a"})
+		a.post(posting.Posting{Type: "a"})
 		<-st.entered // claim 1: in flight, its snapshot older than the job below
 		want := st.add("a", nil, 0)
-		a.post(posting{Type: "a"})
+		a.post(posting.Posting{Type: "a"})
 		<-st.entered // claim 2: the extra claim, at once
 		close(st.gates[2])
 		synctest.Wait()
@@ -453,7 +456,7 @@ func TestAcquirerNoExtraClaimWithBacklog(t *testing.T) {
 		tc := startAcquiree(t, a, d)
 		<-st.entered // claim 1 (the buffer was empty)
 		st.add("a", nil, 0)
-		a.post(posting{Type: "a"}) // no extra claim: the loop queries again after claim 1
+		a.post(posting.Posting{Type: "a"}) // no extra claim: the loop queries again after claim 1
 		synctest.Wait()
 		select {
 		case k := <-st.entered:
@@ -583,7 +586,7 @@ func TestAcquirerPostingWakesEveryMatchingDomain(t *testing.T) {
 		synctest.Wait()
 		st.add("a", nil, 0)
 		st.add("a", nil, 0)
-		a.post(posting{Type: "a"})
+		a.post(posting.Posting{Type: "a"})
 		synctest.Wait()
 		one.success()
 		two.success()
@@ -636,14 +639,14 @@ func TestAcquirerPostingForLaterGoesToThePromoter(t *testing.T) {
 		// Jobs due later are the promoter's: the parked domain does not
 		// query for them, then or at their run_at.
 		st.add("a", nil, 3*time.Second)
-		a.post(schedPosting(3 * time.Second))
+		a.post(posting.Sched(3 * time.Second))
 		require.Equal(t, []time.Duration{3 * time.Second}, heard)
 		advance(4 * time.Second)
 		ta.requireBlocked()
 		require.Equal(t, calls, st.callCount())
 
 		// The promoter's announcement (In 0) wakes it.
-		a.post(posting{Type: "a"})
+		a.post(posting.Posting{Type: "a"})
 		synctest.Wait()
 		ta.success()
 	})
@@ -652,7 +655,7 @@ func TestAcquirerPostingForLaterGoesToThePromoter(t *testing.T) {
 func TestAcquirerCloseFailsWaiters(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newFakeStore()
-		a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, time.Second)
+		a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, time.Second, nil)
 		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
 		synctest.Wait()
 		a.close()
@@ -710,11 +713,11 @@ func (a *acquirer) checkIdle() error {
 
 // drainWorkers runs n workers that take jobs of d until want jobs were
 // taken in all, and returns every job handed out, in order.
-func drainWorkers(t *testing.T, a *acquirer, d *domainSpec, n, want int) []*Job {
+func drainWorkers(t *testing.T, a *acquirer, d *domainSpec, n, want int) []*claimed {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var mu sync.Mutex
-	var got []*Job
+	var got []*claimed
 	var wg sync.WaitGroup
 	for range n {
 		wg.Go(func() {
@@ -738,9 +741,9 @@ func drainWorkers(t *testing.T, a *acquirer, d *domainSpec, n, want int) []*Job 
 	return got
 }
 
-func requireDistinct(t *testing.T, jobs ...[]*Job) int {
+func requireDistinct(t *testing.T, jobs ...[]*claimed) int {
 	t.Helper()
-	seen := map[*Job]bool{}
+	seen := map[*claimed]bool{}
 	for _, js := range jobs {
 		for _, j := range js {
 			require.False(t, seen[j], "job %s handed out twice", j.ID)
@@ -835,7 +838,7 @@ func TestAcquirerCloseReleasesTheBuffer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newFakeStore()
 		st.delay = 10 * time.Millisecond
-		a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, 0)
+		a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, testPoll, 0, nil)
 		for range 3000 {
 			st.add("a", nil, 0)
 		}
@@ -851,8 +854,8 @@ func TestAcquirerCloseReleasesTheBuffer(t *testing.T) {
 		// back and give them back again (the fake store, like the
 		// database, makes released jobs claimable): count each once. No
 		// job handed out may be among them.
-		once := map[*Job]bool{}
-		var back []*Job
+		once := map[*claimed]bool{}
+		var back []*claimed
 		for _, j := range released {
 			if !once[j] {
 				once[j] = true

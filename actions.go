@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/backlogq/backlog/internal/posting"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -56,7 +57,7 @@ func (q *Queue) Retry(ctx context.Context, id uuid.UUID) (State, error) {
 	if err != nil {
 		return "", q.actionErr(ctx, "retrying", id, err)
 	}
-	q.announce.committed(postingsOf(out.Avail))
+	q.announce.committed(posting.OfAvail(out.Avail))
 	return State(out.State), nil
 }
 
@@ -73,7 +74,7 @@ func (q *Queue) Delete(ctx context.Context, id uuid.UUID) error {
 	if err != nil {
 		return q.actionErr(ctx, "deleting", id, err)
 	}
-	q.announce.committed(postingsOf(out.Avail))
+	q.announce.committed(posting.OfAvail(out.Avail))
 	return nil
 }
 
@@ -225,9 +226,9 @@ func (q *Queue) bulk(ctx context.Context, f Filter, batch func(context.Context, 
 				return n, q.readErr(ctx, fmt.Errorf("bulk action: %w", err))
 			}
 			n += len(out.Done)
-			q.announce.committed(postingsOf(out.Avail))
+			q.announce.committed(posting.OfAvail(out.Avail))
 			if len(out.Done) > 0 {
-				q.maint.retireSoon()
+				q.maint.RetireSoon()
 			}
 			done := make(map[uuid.UUID]bool, len(out.Done))
 			for _, id := range out.Done {

@@ -6,6 +6,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/backlogq/backlog/internal/outage"
+	"github.com/backlogq/backlog/internal/posting"
+	"github.com/backlogq/backlog/internal/run"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -16,18 +19,18 @@ import (
 // poll-only mode.
 type announcer interface {
 	// committed announces jobs whose writes have committed.
-	committed(ps []posting)
+	committed(ps []posting.Posting)
 	// inTx announces jobs written inside tx, a transaction of the caller's:
 	// workers hear of them only if and once tx commits.
-	inTx(ctx context.Context, tx store.DB, ps []posting) error
+	inTx(ctx context.Context, tx store.DB, ps []posting.Posting) error
 	// inline reports whether an insert outside any caller transaction may
 	// carry its own NOTIFY (the low-latency path of a quiet process), and
 	// the payloads it sends for ps. A true result must be followed by
 	// done() once the insert has ended, and by local(ps) once it committed.
-	inline(ps []posting) (ok bool, payloads []string, done func())
+	inline(ps []posting.Posting) (ok bool, payloads []string, done func())
 	// local wakes this process's own workers for jobs whose writes have
 	// committed (others heard of them already).
-	local(ps []posting)
+	local(ps []posting.Posting)
 	service
 }
 
@@ -39,24 +42,24 @@ type announcer interface {
 type notifyAnnouncer struct {
 	store *store.Store
 	notif *notifier
-	acq   *acquirer
+	acq   postbox
 	src   string
 }
 
-func (a *notifyAnnouncer) committed(ps []posting) {
+func (a *notifyAnnouncer) committed(ps []posting.Posting) {
 	a.local(ps)
 	a.notif.post(a.signed(ps))
 }
 
-func (a *notifyAnnouncer) local(ps []posting) {
+func (a *notifyAnnouncer) local(ps []posting.Posting) {
 	for _, p := range ps {
 		a.acq.post(p)
 	}
 }
 
 // signed returns ps marked as sent by this Queue.
-func (a *notifyAnnouncer) signed(ps []posting) []posting {
-	out := make([]posting, len(ps))
+func (a *notifyAnnouncer) signed(ps []posting.Posting) []posting.Posting {
+	out := make([]posting.Posting, len(ps))
 	for i, p := range ps {
 		p.Src = a.src
 		out[i] = p
@@ -64,19 +67,18 @@ func (a *notifyAnnouncer) signed(ps []posting) []posting {
 	return out
 }
 
-func (a *notifyAnnouncer) inTx(ctx context.Context, tx store.DB, ps []posting) error {
-	return a.store.NotifyTx(ctx, tx, encodePostings(ps))
+func (a *notifyAnnouncer) inTx(ctx context.Context, tx store.DB, ps []posting.Posting) error {
+	return a.store.NotifyTx(ctx, tx, posting.EncodeAll(ps))
 }
 
-func (a *notifyAnnouncer) inline(ps []posting) (bool, []string, func()) {
+func (a *notifyAnnouncer) inline(ps []posting.Posting) (bool, []string, func()) {
 	if !a.notif.inline() {
 		return false, nil, nil
 	}
-	return true, encodePostings(a.signed(ps)), a.notif.inlineDone
+	return true, posting.EncodeAll(a.signed(ps)), a.notif.inlineDone
 }
 
-func (a *notifyAnnouncer) start() {}
-func (a *notifyAnnouncer) stop()  { a.notif.close() }
+func (a *notifyAnnouncer) stop() { a.notif.close() }
 
 // localAnnouncer wakes this process's own domains only: in poll-only mode
 // no NOTIFY comes back, and other processes find the jobs by their backup
@@ -84,30 +86,30 @@ func (a *notifyAnnouncer) stop()  { a.notif.close() }
 // that transaction has committed, which it learns by asking the database
 // about the transaction's ID (txid_status) until the answer is final.
 type localAnnouncer struct {
-	acq    *acquirer
+	acq    postbox
 	store  *store.Store
 	log    *slog.Logger
-	faults *outages
+	faults *outage.Tracker
 
 	mu      sync.Mutex
-	pending map[int64][]posting // transaction ID → postings waiting for its commit
-	wake    chan struct{}       // buffer of 1
-	run     runner
+	pending map[int64][]posting.Posting // transaction ID → postings waiting for its commit
+	wake    chan struct{}               // buffer of 1
+	group   run.Group
 }
 
-func newLocalAnnouncer(acq *acquirer, st *store.Store, log *slog.Logger, faults *outages) *localAnnouncer {
-	return &localAnnouncer{acq: acq, store: st, log: log, faults: faults, pending: map[int64][]posting{}, wake: make(chan struct{}, 1)}
+func newLocalAnnouncer(acq postbox, st *store.Store, log *slog.Logger, faults *outage.Tracker) *localAnnouncer {
+	return &localAnnouncer{acq: acq, store: st, log: log, faults: faults, pending: map[int64][]posting.Posting{}, wake: make(chan struct{}, 1)}
 }
 
-func (a *localAnnouncer) committed(ps []posting) { a.local(ps) }
+func (a *localAnnouncer) committed(ps []posting.Posting) { a.local(ps) }
 
-func (a *localAnnouncer) local(ps []posting) {
+func (a *localAnnouncer) local(ps []posting.Posting) {
 	for _, p := range ps {
 		a.acq.post(p)
 	}
 }
 
-func (a *localAnnouncer) inTx(ctx context.Context, tx store.DB, ps []posting) error {
+func (a *localAnnouncer) inTx(ctx context.Context, tx store.DB, ps []posting.Posting) error {
 	if len(ps) == 0 {
 		return nil
 	}
@@ -118,23 +120,19 @@ func (a *localAnnouncer) inTx(ctx context.Context, tx store.DB, ps []posting) er
 	a.mu.Lock()
 	a.pending[xid] = append(a.pending[xid], ps...)
 	a.mu.Unlock()
-	a.run.start(a.watch)
-	select {
-	case a.wake <- struct{}{}:
-	default:
-	}
+	a.group.Start(a.watch)
+	run.Wake(a.wake)
 	return nil
 }
 
-func (a *localAnnouncer) inline([]posting) (bool, []string, func()) { return false, nil, nil }
+func (a *localAnnouncer) inline([]posting.Posting) (bool, []string, func()) { return false, nil, nil }
 
-func (a *localAnnouncer) start() {}
-func (a *localAnnouncer) stop()  { a.run.stop() }
+func (a *localAnnouncer) stop() { a.group.Stop(0) }
 
 // watch polls the status of transactions with pending postings, from every
 // 2 ms up to every 100 ms while one stays open, until none is pending.
 func (a *localAnnouncer) watch(ctx context.Context) {
-	b := newBackoff(2*time.Millisecond, 100*time.Millisecond, 0)
+	b := run.NewBackoff(2*time.Millisecond, 100*time.Millisecond)
 	for {
 		a.mu.Lock()
 		xids := make([]int64, 0, len(a.pending))
@@ -152,12 +150,12 @@ func (a *localAnnouncer) watch(ctx context.Context) {
 			}
 		}
 		ended, err := a.store.TxEnded(ctx, xids)
-		if err != nil && ctx.Err() == nil && !a.faults.failed("local wake-ups", err) {
+		if err != nil && ctx.Err() == nil && !a.faults.Failed("local wake-ups", err) {
 			a.log.Warn("backlog: checking transactions for local wake-ups failed", "err", err)
 		} else if err == nil {
-			a.faults.ok("local wake-ups")
+			a.faults.OK("local wake-ups")
 		}
-		var ps []posting
+		var ps []posting.Posting
 		a.mu.Lock()
 		for x, committed := range ended {
 			if committed {
@@ -166,7 +164,7 @@ func (a *localAnnouncer) watch(ctx context.Context) {
 			delete(a.pending, x)
 		}
 		a.mu.Unlock()
-		a.committed(dedupePostings(ps))
+		a.committed(posting.Dedupe(ps))
 		if len(ended) > 0 {
 			b.Reset()
 		}

@@ -60,12 +60,3 @@ func (b Backoff) Delay(attempt int) time.Duration {
 	}
 	return d
 }
-
-// newBackoff returns a jittered exponential backoff from initial to max;
-// maxElapsed 0 never gives up.
-func newBackoff(initial, max, maxElapsed time.Duration) *backoff.ExponentialBackOff {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = initial, max, maxElapsed
-	b.Reset() // NewExponentialBackOff reset with the default initial interval
-	return b
-}

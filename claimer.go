@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/backlogq/backlog/internal/store"
 	"github.com/google/uuid"
+
+	"github.com/backlogq/backlog/internal/complete"
+	"github.com/backlogq/backlog/internal/store"
 )
 
 // claimer is the acquirer's access to the database: it runs the claim
@@ -16,16 +18,30 @@ import (
 type claimer struct {
 	store  *store.Store
 	leases *leases
-	comp   *completer
+	comp   *complete.Completer
 	lease  time.Duration
 	worker string
+}
+
+// claimResult is what one claim took.
+type claimResult struct {
+	jobs []*claimed
+	// skipped: when fewer than k jobs were taken, due jobs of the domain
+	// exist that were locked by another transaction. The domain must not
+	// park on them: it queries again shortly.
+	skipped bool
+	// limited: a limit (flow control) held back jobs of the domain.
+	limited store.Limited
+	// next, when a rate limit held jobs back: when it allows the next
+	// start.
+	next time.Duration
 }
 
 // claim takes up to k due jobs of the domain under fresh leases. A claim
 // that takes longer than a lease is abandoned: its jobs would be expired by
 // the time it returned.
 func (c *claimer) claim(ctx context.Context, d *domainSpec, k, now int) (claimResult, error) {
-	if err := c.comp.admit(ctx); err != nil {
+	if err := c.comp.Admit(ctx); err != nil {
 		return claimResult{}, err
 	}
 	sentAt := time.Now()
@@ -42,12 +58,9 @@ func (c *claimer) claim(ctx context.Context, d *domainSpec, k, now int) (claimRe
 		ids[i], tokens[i], types[i] = r.ID, r.Token, r.Type
 	}
 	held := c.leases.add(ids, tokens, types, sentAt)
-	jobs := make([]*Job, len(res.Jobs))
+	jobs := make([]*claimed, len(res.Jobs))
 	for i, r := range res.Jobs {
-		jobs[i] = &Job{ID: r.ID, Type: r.Type, Args: r.Args, Tags: r.Tags, Attempt: r.Attempt,
-			MaxAttempts: r.MaxAttempts, Priority: r.Priority, Timeout: r.Timeout, CreatedAt: r.CreatedAt,
-			RunAt: r.RunAt, Metadata: r.Meta, token: r.Token, lease: held[i], waited: r.Waited, slot: r.Slot,
-			leases: c.leases, store: c.store, pre: r.Prereqs}
+		jobs[i] = &claimed{Claimed: r, lease: held[i]}
 	}
 	next := res.Next
 	next -= min(rateLead, next/4)
@@ -74,8 +87,23 @@ func (c *claimer) flowChanges(ctx context.Context, since int64) (int64, []string
 
 // release gives jobs back at once, keeping their place (run_at), without
 // spending the attempt.
-func (c *claimer) release(jobs []*Job) {
+func (c *claimer) release(jobs []*claimed) {
 	for _, j := range jobs {
-		c.comp.submit(&finishReq{f: releaseOf(j), job: j})
+		c.comp.Submit(j.outcome(releaseOf(j), nil))
 	}
+}
+
+// releaseOf is the write that gives a claimed job back.
+func releaseOf(j *claimed) store.Finish {
+	return store.Finish{ID: j.ID, Token: j.Token, State: string(StateAvailable), AttemptDelta: -1, Delay: -1}
+}
+
+// outcome is the completer's request for c's outcome f; done, when set,
+// hears whether it was written.
+func (c *claimed) outcome(f store.Finish, done func(written bool)) *complete.Request {
+	r := &complete.Request{F: f, Type: c.Type, Tags: c.Tags, Slot: c.Slot, Done: done}
+	if c.lease != nil {
+		r.Lease = c.lease
+	}
+	return r
 }

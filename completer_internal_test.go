@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/backlogq/backlog/internal/complete"
 	"github.com/backlogq/backlog/internal/store"
 	"github.com/backlogq/backlog/internal/testdb"
 )
@@ -22,7 +23,7 @@ func TestCompleterWritesEveryBatch(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, q.Close()) })
 	require.NoError(t, q.Migrate(ctx))
-	n := maxFinishBatch*2 + maxFinishBatch/4
+	n := complete.MaxBatch*2 + complete.MaxBatch/4
 	for i := 0; i < n; i += 5000 {
 		specs := make([]JobSpec, min(5000, n-i))
 		for k := range specs {
@@ -31,30 +32,29 @@ func TestCompleterWritesEveryBatch(t *testing.T) {
 		_, err := q.EnqueueMany(ctx, specs)
 		require.NoError(t, err)
 	}
-	var claimed []store.Claimed
-	for len(claimed) < n {
-		res, err := q.store.Claim(ctx, []string{"batch"}, []byte(`{}`), n-len(claimed), n-len(claimed), time.Minute, "test")
+	var took []store.Claimed
+	for len(took) < n {
+		res, err := q.store.Claim(ctx, []string{"batch"}, []byte(`{}`), n-len(took), n-len(took), time.Minute, "test")
 		require.NoError(t, err)
 		require.NotEmpty(t, res.Jobs)
-		claimed = append(claimed, res.Jobs...)
+		took = append(took, res.Jobs...)
 	}
 
 	var mu sync.Mutex
 	reported := map[uuid.UUID]int{}
 	all := make(chan struct{})
-	for _, c := range claimed {
-		j := &Job{ID: c.ID, Type: c.Type, token: c.Token}
-		q.comp.submit(&finishReq{f: store.Finish{ID: c.ID, Token: c.Token, State: string(StateCompleted)}, job: j,
-			done: func(written bool) {
+	for _, c := range took {
+		q.comp.Submit(&complete.Request{F: store.Finish{ID: c.ID, Token: c.Token, State: string(StateCompleted)}, Type: c.Type,
+			Done: func(written bool) {
 				mu.Lock()
 				defer mu.Unlock()
-				require.True(t, written, "job %s", j.ID)
-				if reported[j.ID]++; len(reported) == n {
+				require.True(t, written, "job %s", c.ID)
+				if reported[c.ID]++; len(reported) == n {
 					close(all)
 				}
 			}})
 	}
-	q.comp.start()
+	q.comp.Start()
 	select {
 	case <-all:
 	case <-time.After(time.Minute):

@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/backlogq/backlog/internal/pgerr"
+	"github.com/backlogq/backlog/internal/posting"
+	"github.com/backlogq/backlog/internal/run"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -38,9 +40,9 @@ func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (State, error) {
 	if err != nil {
 		return "", q.readErr(ctx, fmt.Errorf("cancelling job %s: %w", id, err))
 	}
-	q.announce.committed(postingsOf(out.Avail))
+	q.announce.committed(posting.OfAvail(out.Avail))
 	if out.State == string(StateCancelled) {
-		q.maint.retireSoon() // written in place, with its dependents
+		q.maint.RetireSoon() // written in place, with its dependents
 	}
 	if out.Requested {
 		// In poll-only mode no NOTIFY arrives; stop a local handler now.
@@ -60,10 +62,7 @@ func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 		q.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if q.listen != nil {
-		q.announce.start()
-		q.listen.start()
-	}
+	q.startLocked(q.listen.start)
 	ch := q.waiters.add(id)
 	q.mu.Unlock()
 	defer q.waiters.remove(id, ch)
@@ -78,7 +77,7 @@ func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 	if w.Avail != nil {
 		// The mark locked the job for an instant: a claim may have
 		// skipped it and parked.
-		q.announce.committed(postingsOf([]store.Avail{*w.Avail}))
+		q.announce.committed(posting.OfAvail([]store.Avail{*w.Avail}))
 	}
 	state := State(w.State)
 	every := min(time.Second, q.cfg.pollInterval)
@@ -119,7 +118,7 @@ func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 // markWaiting asks for the job's completion notice, trying again while the
 // database fails for a transient reason and ctx lasts.
 func (q *Queue) markWaiting(ctx context.Context, id uuid.UUID) (store.Waiting, error) {
-	b := newBackoff(50*time.Millisecond, time.Second, 0)
+	b := run.NewBackoff(50*time.Millisecond, time.Second)
 	for {
 		w, err := q.store.MarkWaiting(ctx, id)
 		if err == nil || !pgerr.Transient(err) || ctx.Err() != nil {

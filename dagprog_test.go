@@ -309,7 +309,15 @@ func TestNoPrerequisitesNoStatement(t *testing.T) {
 			}
 		}
 		mu.Lock()
-		reads[job.Type] = len(tr.since(m, "job_inputs"))
+		// Reads only: the statements of other goroutines of the Queue that
+		// write job_inputs (the cleaner, the retirer) may run meanwhile.
+		n := 0
+		for _, q := range tr.since(m, "job_inputs") {
+			if !strings.Contains(q, "DELETE") && !strings.Contains(q, "INSERT") {
+				n++
+			}
+		}
+		reads[job.Type] = n
 		mu.Unlock()
 		return job.SetResult(1)
 	})

@@ -3,13 +3,14 @@ package backlog
 import (
 	"encoding/json"
 	"sort"
-	"strings"
+
+	"github.com/backlogq/backlog/internal/posting"
 )
 
 // A domain is the set of workers that want the same job types with the same
 // worker tags. They share one claim query at a time (see Acquirer).
 type domainSpec struct {
-	key   string            // canonical: see domainKey
+	key   string            // canonical: see posting.Key
 	types []string          // sorted, distinct
 	tags  map[string]string // worker tags
 	tagsJ json.RawMessage   // tags as a JSON object, for the claim
@@ -42,32 +43,7 @@ func newDomainSpec(types []string, tags map[string]string) (*domainSpec, error) 
 	if err != nil {
 		return nil, invalid("worker tags", "%v", err)
 	}
-	return &domainSpec{key: domainKey(out, tg), types: out, tags: tg, tagsJ: tj}, nil
-}
-
-// domainKey is the canonical key of (types, tags): sorted types, then sorted
-// key=value tags, every item NUL-terminated, with a NUL between the two
-// lists. Types and tags never contain NUL, so distinct domains never share
-// a key.
-func domainKey(sortedTypes []string, tags map[string]string) string {
-	var b strings.Builder
-	for _, t := range sortedTypes {
-		b.WriteString(t)
-		b.WriteByte(0)
-	}
-	b.WriteByte(0)
-	keys := make([]string, 0, len(tags))
-	for k := range tags {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		b.WriteString(k)
-		b.WriteByte('=')
-		b.WriteString(tags[k])
-		b.WriteByte(0)
-	}
-	return b.String()
+	return &domainSpec{key: posting.Key(out, tg), types: out, tags: tg, tagsJ: tj}, nil
 }
 
 // matches reports whether a job of this type and tags can run in the

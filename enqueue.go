@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/backlogq/backlog/internal/pgerr"
+	"github.com/backlogq/backlog/internal/posting"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -106,7 +107,7 @@ func (q *Queue) enqueue(ctx context.Context, tx store.DB, specs []JobSpec) ([]uu
 }
 
 // insert is insertSpecs with the Enqueuing and Enqueued hooks.
-func (q *Queue) insert(ctx context.Context, tx store.DB, own bool, specs []JobSpec) (out []Inserted, posts []posting, err error) {
+func (q *Queue) insert(ctx context.Context, tx store.DB, own bool, specs []JobSpec) (out []Inserted, posts []posting.Posting, err error) {
 	hooks := q.cfg.hooks
 	if hooks.Enqueuing == nil && hooks.Enqueued == nil {
 		return q.insertSpecs(ctx, tx, own, specs)
@@ -161,7 +162,7 @@ func withMetadata(specs []JobSpec, meta map[string]string) []JobSpec {
 // insertSpecs validates and inserts specs: in tx when given (the caller's,
 // or, with own, one of the Queue's whose commit the caller announces with
 // the returned postings), else in a statement of its own.
-func (q *Queue) insertSpecs(ctx context.Context, tx store.DB, own bool, specs []JobSpec) ([]Inserted, []posting, error) {
+func (q *Queue) insertSpecs(ctx context.Context, tx store.DB, own bool, specs []JobSpec) ([]Inserted, []posting.Posting, error) {
 	if q.isClosed() {
 		return nil, nil, ErrClosed
 	}
@@ -197,27 +198,27 @@ func (q *Queue) insertSpecs(ctx context.Context, tx store.DB, own bool, specs []
 }
 
 // insertJobs inserts a validated batch (see insertSpecs).
-func (q *Queue) insertJobs(ctx context.Context, tx store.DB, own bool, jobs []store.GraphJob, graph bool) ([]Inserted, []posting, error) {
+func (q *Queue) insertJobs(ctx context.Context, tx store.DB, own bool, jobs []store.GraphJob, graph bool) ([]Inserted, []posting.Posting, error) {
 	if graph {
 		return q.insertGraph(ctx, tx, own, jobs)
 	}
 	rows := make([]store.NewJob, len(jobs))
 	out := make([]Inserted, len(jobs))
-	avail := make([]posting, 0, 1) // if the database makes them available
+	avail := make([]posting.Posting, 0, 1) // if the database makes them available
 	for i, j := range jobs {
 		rows[i], out[i] = j.NewJob, Inserted{ID: j.ID}
-		avail = append(avail, postingOf(j.Type, j.Tags))
+		avail = append(avail, posting.Of(j.Type, j.Tags))
 	}
-	avail = dedupePostings(avail)
+	avail = posting.Dedupe(avail)
 	// The postings of what the database decided: available now, or
 	// scheduled (by its clock).
-	postsOf := func(r store.InsertResult) []posting {
-		var ps []posting
+	postsOf := func(r store.InsertResult) []posting.Posting {
+		var ps []posting.Posting
 		if r.Available > 0 {
 			ps = avail
 		}
 		if r.SchedIn >= 0 {
-			ps = append(ps[:len(ps):len(ps)], schedPosting(r.SchedIn))
+			ps = append(ps[:len(ps):len(ps)], posting.Sched(r.SchedIn))
 		}
 		return ps
 	}
@@ -291,9 +292,9 @@ func (q *Queue) enqueueErr(n int, err error) error {
 
 // insertGraph inserts jobs with dependencies, ordering keys or unique keys
 // in one transaction: the caller's, or one of its own.
-func (q *Queue) insertGraph(ctx context.Context, tx store.DB, own bool, jobs []store.GraphJob) ([]Inserted, []posting, error) {
+func (q *Queue) insertGraph(ctx context.Context, tx store.DB, own bool, jobs []store.GraphJob) ([]Inserted, []posting.Posting, error) {
 	var out []Inserted
-	var posts []posting
+	var posts []posting.Posting
 	run := func(tx store.DB, announceInTx bool) error {
 		res, err := q.store.InsertGraph(ctx, tx, jobs)
 		switch {
@@ -306,18 +307,18 @@ func (q *Queue) insertGraph(ctx context.Context, tx store.DB, own bool, jobs []s
 		case err != nil:
 			return fmt.Errorf("enqueueing %d job(s): %w", len(jobs), err)
 		}
-		out, posts = make([]Inserted, len(res.Jobs)), postingsOf(res.Locked)
+		out, posts = make([]Inserted, len(res.Jobs)), posting.OfAvail(res.Locked)
 		for i, r := range res.Jobs {
 			out[i] = Inserted{ID: r.ID, Duplicate: r.Duplicate}
 			switch {
 			case r.Duplicate:
 			case r.State == string(StateAvailable):
-				posts = append(posts, postingOf(r.Type, r.Tags))
+				posts = append(posts, posting.Of(r.Type, r.Tags))
 			case r.State == string(StateScheduled):
-				posts = append(posts, schedPosting(r.In))
+				posts = append(posts, posting.Sched(r.In))
 			}
 		}
-		posts = dedupePostings(posts)
+		posts = posting.Dedupe(posts)
 		if !announceInTx {
 			return nil // announced after the commit
 		}

@@ -3,9 +3,7 @@ package backlog
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/backlogq/backlog/internal/pgerr"
 )
@@ -121,38 +119,3 @@ func IsSnooze(err error) bool {
 // Snooze, returned by a handler, makes the job available again after d
 // without spending an attempt. A negative d counts as zero.
 func Snooze(d time.Duration) error { return &snoozeError{d: max(d, 0)} }
-
-// maxErrorBytes caps the text of one recorded attempt error (panic stacks
-// included).
-const maxErrorBytes = 8 << 10
-
-// errText caps an error's text at maxErrorBytes on a UTF-8 boundary.
-func errText(err error) *string {
-	s := err.Error()
-	if len(s) > maxErrorBytes {
-		cut := maxErrorBytes
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut] + "… (truncated)"
-	}
-	s = strings.ToValidUTF8(stripNul(s), "\uFFFD")
-	return &s
-}
-
-// stripNul removes NUL bytes, which PostgreSQL text cannot hold.
-func stripNul(s string) string {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			b := []byte(s)
-			out := b[:0]
-			for _, c := range b {
-				if c != 0 {
-					out = append(out, c)
-				}
-			}
-			return string(out)
-		}
-	}
-	return s
-}

@@ -44,4 +44,4 @@ func ExtendForTest(ctx context.Context, q *Queue, id, token uuid.UUID) (bool, er
 // SetScheduleConfirmForTest sets how often q confirms its schedules in the
 // schedules table (and so when Schedules calls one stale: three times
 // that). Call it before Every or Cron.
-func SetScheduleConfirmForTest(q *Queue, d time.Duration) { q.sched.confirmEvery = d }
+func SetScheduleConfirmForTest(q *Queue, d time.Duration) { q.sched.SetConfirmEvery(d) }

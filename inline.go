@@ -11,6 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/backlogq/backlog/internal/maintain"
+	"github.com/backlogq/backlog/internal/posting"
 	"github.com/backlogq/backlog/internal/store"
 	"github.com/backlogq/backlog/internal/testbridge"
 )
@@ -34,7 +36,7 @@ type inline struct {
 	halt context.CancelCauseFunc // cancels the handlers' context
 
 	mu    sync.Mutex
-	waits map[*Job]chan bool // per job run: hears whether its outcome was written
+	waits map[*claimed]chan bool // per job run: hears whether its outcome was written
 }
 
 func newInline(ctx context.Context, qa, ha, oa any) (testbridge.Inline, error) {
@@ -81,12 +83,12 @@ func newInline(ctx context.Context, qa, ha, oa any) (testbridge.Inline, error) {
 	if err := q.checkSchema(ctx); err != nil {
 		return nil, err
 	}
-	q.maint.ensurePartitions(ctx)
+	q.maint.EnsurePartitions(ctx)
 	if !q.beginWork() {
 		return nil, ErrClosed
 	}
 	hard, halt := context.WithCancelCause(context.WithoutCancel(ctx))
-	in := &inline{q: q, cl: q.acq.store.(*claimer), halt: halt, waits: map[*Job]chan bool{}}
+	in := &inline{q: q, cl: q.claim, halt: halt, waits: map[*claimed]chan bool{}}
 	in.stop = context.AfterFunc(ctx, func() { halt(ErrShutdown) })
 	in.w = &workCall{q: q, h: h, mux: mux, cfg: cfg, spec: spec, hard: hard, written: in.settled}
 	return in, nil
@@ -165,12 +167,12 @@ func (in *inline) Next(ctx context.Context, all bool) (testbridge.Run, bool, boo
 		}
 	}
 	for {
-		p, err := q.store.Promote(ctx, promoteBatch)
-		q.announce.committed(postingsOf(p.Avail))
+		p, err := q.store.Promote(ctx, maintain.PromoteBatch)
+		q.announce.committed(posting.OfAvail(p.Avail))
 		if err != nil {
 			return testbridge.Run{}, false, false, classify(fmt.Errorf("promoting scheduled jobs: %w", err))
 		}
-		if !p.More || p.Jobs < promoteBatch {
+		if !p.More || p.Jobs < maintain.PromoteBatch {
 			break
 		}
 	}
@@ -186,11 +188,11 @@ func (in *inline) Next(ctx context.Context, all bool) (testbridge.Run, bool, boo
 	return r, true, false, err
 }
 
-// settled hears from the completer whether job's outcome was written.
-func (in *inline) settled(job *Job, ok bool) {
+// settled hears from the completer whether c's outcome was written.
+func (in *inline) settled(c *claimed, ok bool) {
 	in.mu.Lock()
-	ch := in.waits[job]
-	delete(in.waits, job)
+	ch := in.waits[c]
+	delete(in.waits, c)
 	in.mu.Unlock()
 	if ch != nil {
 		ch <- ok // buffered
@@ -201,12 +203,15 @@ func (in *inline) settled(job *Job, ok bool) {
 // its outcome is written (or refused by the fence). Once ctx is done, it
 // waits for the write at most the grace period (at least a second), as
 // Work does.
-func (in *inline) run(ctx context.Context, job *Job) (testbridge.Run, error) {
+func (in *inline) run(ctx context.Context, c *claimed) (testbridge.Run, error) {
 	ch := make(chan bool, 1)
 	in.mu.Lock()
-	in.waits[job] = ch
+	in.waits[c] = ch
 	in.mu.Unlock()
-	f, herr := in.w.run(job)
+	job, f, herr := in.w.run(c)
+	if job == nil { // not started: given back or cancelled
+		job = in.w.jobOf(c)
+	}
 	r := testbridge.Run{Job: job, Outcome: string(outcomeOf(f, herr)), Err: herr}
 	select {
 	case r.Written = <-ch:

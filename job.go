@@ -59,17 +59,20 @@ type Job struct {
 	// Enqueuing hook's): trace context, for one. nil when it has none.
 	Metadata map[string]string
 
-	token  uuid.UUID
-	lease  *heldLease
-	leases *leases        // the registry lease belongs to (progress)
-	store  *store.Store   // reads prerequisites
-	pre    []uuid.UUID    // prerequisites that completed before it ran (nil: none)
-	preIn  []Prerequisite // loaded by Prerequisites
-	waited time.Duration  // run_at → claim, database clock
-	slot   bool           // holds a slot of a concurrency limit: its finish announces it freed
-	mu     sync.Mutex
-	res    json.RawMessage
-	resE   error
+	att   attempt        // the attempt Work runs it in (nil: none)
+	pre   []uuid.UUID    // prerequisites that completed before it ran (nil: none)
+	preIn []Prerequisite // loaded by Prerequisites
+	mu    sync.Mutex
+	res   json.RawMessage
+	resE  error
+}
+
+// attempt is what a Job's methods need of the attempt a Work call runs it
+// in (workAttempt): to report progress under its lease, and to read its
+// prerequisites' kept results.
+type attempt interface {
+	setProgress(b json.RawMessage) error
+	inputs(ctx context.Context, ids []uuid.UUID) ([]store.Input, error)
 }
 
 // SetResult records a small JSON result, stored with the job when the
@@ -132,10 +135,10 @@ func (j *Job) Prerequisites(ctx context.Context) ([]Prerequisite, error) {
 	if j.preIn != nil {
 		return slices.Clone(j.preIn), nil
 	}
-	if j.store == nil {
+	if j.att == nil {
 		return nil, errors.New("backlog: the job's prerequisites cannot be read outside a worker")
 	}
-	rows, err := j.store.Inputs(ctx, j.pre)
+	rows, err := j.att.inputs(ctx, j.pre)
 	if err != nil {
 		return nil, fmt.Errorf("reading the prerequisites of job %s: %w", j.ID, err)
 	}
@@ -224,10 +227,10 @@ func (j *Job) SetProgress(ctx context.Context, v any) error {
 	if err != nil {
 		return err
 	}
-	if j.leases == nil || j.lease == nil {
+	if j.att == nil {
 		return errors.New("backlog: progress can only be set by a worker's handler")
 	}
-	return j.leases.setProgress(j.lease, b)
+	return j.att.setProgress(b)
 }
 
 // AttemptError is one failed attempt in a job's error history.

@@ -13,7 +13,10 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/backlogq/backlog/internal/isolate"
+	"github.com/backlogq/backlog/internal/outage"
 	"github.com/backlogq/backlog/internal/pgerr"
+	"github.com/backlogq/backlog/internal/registry"
+	"github.com/backlogq/backlog/internal/run"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -29,6 +32,7 @@ import (
 // completer use that handle, never a lookup. leases is the registry of the
 // handles this Queue holds, which one heartbeat service renews.
 type heldLease struct {
+	owner     *leases // the registry that holds it
 	id, token uuid.UUID
 	typ       string // the job's type (holdBack)
 	// deadline is the local (monotonic) time until which the lease is
@@ -50,6 +54,15 @@ type heldLease struct {
 	progSeq, progSent uint64
 }
 
+// claimed is one job a claim took: the record the claim statement
+// returned and the lease it is held under. The acquirer buffers and hands
+// out claimed jobs, the completer writes their outcomes; only Work turns
+// one into the *Job its handler sees (workCall.jobOf).
+type claimed struct {
+	store.Claimed
+	lease *heldLease
+}
+
 // errHeldBack is why a job handed to a worker is given back before its
 // handler begins: its type was paused, or its limit tightened, after it
 // was claimed (leases.holdBack).
@@ -64,13 +77,13 @@ const progressEvery = time.Second
 type leases struct {
 	store    *store.Store
 	log      *slog.Logger
-	faults   *outages
+	faults   *outage.Tracker
 	duration time.Duration
 	margin   time.Duration // cancel this long before the lease could expire
-	run      runner
+	group    run.Group
 	// procs is this process's row in the processes table, which the
 	// heartbeat keeps fresh (see heartbeat). Set before the service starts.
-	procs *registry
+	procs *registry.Registry
 
 	mu   sync.Mutex
 	held map[uuid.UUID]*heldLease
@@ -80,12 +93,14 @@ type leases struct {
 	progPending bool
 }
 
-func newLeases(st *store.Store, log *slog.Logger, faults *outages, d time.Duration) *leases {
-	return &leases{store: st, log: log, faults: faults, duration: d, margin: d / 5, held: map[uuid.UUID]*heldLease{}, progKick: make(chan struct{}, 1)}
+// newLeases returns the registry of leases of duration d; its heartbeat
+// keeps procs's row fresh.
+func newLeases(st *store.Store, log *slog.Logger, faults *outage.Tracker, d time.Duration, procs *registry.Registry) *leases {
+	return &leases{procs: procs, store: st, log: log, faults: faults, duration: d, margin: d / 5, held: map[uuid.UUID]*heldLease{}, progKick: make(chan struct{}, 1)}
 }
 
-func (l *leases) start() { l.run.start(l.loop) }
-func (l *leases) stop()  { l.run.stop() }
+func (l *leases) start() { l.group.Start(l.loop) }
+func (l *leases) stop()  { l.group.Stop(0) }
 
 // add registers the leases of freshly claimed jobs of the given types and
 // returns their handles; sentAt is when the claim was sent. A job this process still
@@ -99,7 +114,7 @@ func (l *leases) add(ids, tokens []uuid.UUID, types []string, sentAt time.Time) 
 		if old := l.held[id]; old != nil && old.token != tokens[i] {
 			l.loseLocked(old)
 		}
-		le := &heldLease{id: id, token: tokens[i], typ: types[i], deadline: sentAt.Add(l.duration - l.margin)}
+		le := &heldLease{owner: l, id: id, token: tokens[i], typ: types[i], deadline: sentAt.Add(l.duration - l.margin)}
 		out[i] = le
 		l.held[id] = le
 	}
@@ -138,6 +153,14 @@ func (l *leases) stale(le *heldLease, now time.Time) bool {
 	return now.After(le.deadline)
 }
 
+// Stale reports whether the lease's local deadline has passed (the
+// completer's complete.Lease).
+func (le *heldLease) Stale(now time.Time) bool { return le.owner.stale(le, now) }
+
+// Forget forgets the lease once its outcome was written, refused or
+// dropped (the completer's complete.Lease).
+func (le *heldLease) Forget() { le.owner.remove(le) }
+
 // remove forgets a lease once its outcome was written (or refused). The
 // job may already be held again under a newer lease: that one stays.
 func (l *leases) remove(le *heldLease) {
@@ -163,10 +186,7 @@ func (l *leases) setProgress(le *heldLease, b json.RawMessage) error {
 	le.progSeq++
 	if !l.progPending {
 		l.progPending = true
-		select {
-		case l.progKick <- struct{}{}:
-		default:
-		}
+		run.Wake(l.progKick)
 	}
 	return nil
 }
@@ -258,7 +278,7 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 		// below must not wait for a statement that cannot reach the
 		// database.
 		cctx, cancel := context.WithDeadline(ctx, stop)
-		beat := l.procs.due(leased)
+		beat := l.procs.Due(leased)
 		w := isolate.Writer[*heldLease]{
 			Write: func(ctx context.Context, ls []*heldLease) error {
 				b := beat
@@ -278,16 +298,16 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 		}
 		if _, err := w.Run(cctx, todo); err != nil {
 			ok = false
-			if ctx.Err() == nil && !l.faults.failed("heartbeat", err) {
+			if ctx.Err() == nil && !l.faults.Failed("heartbeat", err) {
 				l.log.Warn("backlog: renewing leases failed", "leases", len(todo), "err", err)
 			}
 		} else {
-			l.faults.ok("heartbeat")
+			l.faults.OK("heartbeat")
 		}
 		cancel()
 	}
 	l.expire(time.Now())
-	l.procs.write(ctx, leased) // unless the renewal wrote it
+	l.procs.Write(ctx, leased) // unless the renewal wrote it
 	return ok
 }
 
@@ -298,7 +318,7 @@ func (l *leases) heartbeat(ctx context.Context) bool {
 // transient, a batch of leases is split and renewed by statements without
 // the row (the caller's isolate.Writer does that), and a single lease is
 // renewed again here, without it.
-func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *procBeat) (bool, error) {
+func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *registry.Beat) (bool, error) {
 	ids := make([]uuid.UUID, len(ls))
 	tokens := make([]uuid.UUID, len(ls))
 	for i, le := range ls {
@@ -328,10 +348,7 @@ func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *procBeat) (bo
 		for _, le := range l.held {
 			if le.progSeq != le.progSent && !inBatch[le] {
 				l.progPending = true
-				select {
-				case l.progKick <- struct{}{}:
-				default:
-				}
+				run.Wake(l.progKick)
 				break
 			}
 		}
@@ -342,9 +359,9 @@ func (l *leases) renew(ctx context.Context, ls []*heldLease, beat *procBeat) (bo
 	var err error
 	if beat != nil {
 		var wrote bool
-		alive, wrote, err = l.store.ExtendBeatWith(ctx, ids, tokens, prog, l.duration, beat.row)
+		alive, wrote, err = l.store.ExtendBeatWith(ctx, ids, tokens, prog, l.duration, beat.Row)
 		if err == nil || (ctx.Err() == nil && !pgerr.Transient(err)) {
-			l.procs.carried(beat, wrote)
+			l.procs.Carried(beat, wrote)
 		}
 		if err != nil && len(ls) == 1 && ctx.Err() == nil && !pgerr.Transient(err) {
 			sentAt = time.Now()
@@ -421,8 +438,8 @@ func (l *leases) loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-l.procs.kick: // Work calls came or went
-			l.procs.write(ctx, l.count())
+		case <-l.procs.Kick(): // Work calls came or went
+			l.procs.Write(ctx, l.count())
 			continue
 		case <-l.progKick:
 			if prog == nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/backlogq/backlog/internal/posting"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -84,12 +85,12 @@ func (q *Queue) SetLimit(ctx context.Context, typ string, l Limit) error {
 	if err != nil {
 		return q.readErr(ctx, fmt.Errorf("setting the limit of %q: %w", typ, err))
 	}
-	ps := []posting{{Type: typ}} // a raised limit: waiting jobs may start
+	ps := []posting.Posting{{Type: typ}} // a raised limit: waiting jobs may start
 	if tightened {
 		// Jobs claimed ahead under the old limits go back (in this
 		// process before SetLimit returns), and are claimed again under
 		// the new ones.
-		ps = append([]posting{{Hold: []string{typ}}}, ps...)
+		ps = append([]posting.Posting{{Hold: []string{typ}}}, ps...)
 	}
 	q.announce.committed(ps)
 	return nil
@@ -110,7 +111,7 @@ func (q *Queue) RemoveLimit(ctx context.Context, typ string) error {
 		return q.readErr(ctx, fmt.Errorf("removing the limit of %q: %w", typ, err))
 	}
 	if removed {
-		q.announce.committed([]posting{{Type: typ}})
+		q.announce.committed([]posting.Posting{{Type: typ}})
 	}
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/backlogq/backlog/internal/maintain"
 	"github.com/backlogq/backlog/internal/testdb"
 )
 
@@ -79,12 +80,10 @@ func TestMeasureMaintenanceCost(t *testing.T) {
 	q.mu.Lock()
 	s := q.sched
 	q.mu.Unlock()
-	s.tick(ctx) // loads the last plan
+	s.TickNow(ctx) // loads the last plan
 	tick := median(func() {
-		s.mu.Lock()
-		s.schedules["measure"].last = time.Now().Add(-2 * time.Second).Truncate(time.Second)
-		s.mu.Unlock()
-		s.tick(ctx)
+		s.Rewind("measure", time.Now().Add(-2*time.Second).Truncate(time.Second))
+		s.TickNow(ctx)
 	})
 	t.Logf("periodic tick (1 due plan, 5 statements incl. BEGIN/COMMIT): median %s", tick)
 
@@ -386,7 +385,7 @@ func TestMeasureScheduledJobs(t *testing.T) {
 			require.NoError(t, err)
 		})
 		promote := median(func() {
-			_, err := q.store.Promote(ctx, promoteBatch)
+			_, err := q.store.Promote(ctx, maintain.PromoteBatch)
 			require.NoError(t, err)
 		})
 		expiry := median(func() {

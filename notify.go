@@ -14,6 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/backlogq/backlog/internal/isolate"
+	"github.com/backlogq/backlog/internal/outage"
+	"github.com/backlogq/backlog/internal/posting"
+	"github.com/backlogq/backlog/internal/run"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -40,21 +43,21 @@ type notifier struct {
 	interval time.Duration
 	store    *store.Store
 	log      *slog.Logger
-	faults   *outages
+	faults   *outage.Tracker
 
 	mu      sync.Mutex
-	pending map[string]posting // due time in In as Unix milliseconds while pending
+	pending map[string]posting.Posting // due time in In as Unix milliseconds while pending
 	order   []string
 	running bool // a sender goroutine is active
 	inlined bool // an insert carries its own NOTIFY right now
 	closed  bool
-	flushBy time.Time // once closed: when sending what is left gives up
-	wg      sync.WaitGroup
+	flushBy time.Time     // once closed: when sending what is left gives up
+	group   run.Group     // the sender goroutine
 	stopCh  chan struct{} // closed by close: the interval is not waited out
 }
 
-func newNotifier(interval time.Duration, log *slog.Logger, faults *outages, st *store.Store) *notifier {
-	return &notifier{interval: interval, store: st, log: log, faults: faults, pending: map[string]posting{}, stopCh: make(chan struct{})}
+func newNotifier(interval time.Duration, log *slog.Logger, faults *outage.Tracker, st *store.Store) *notifier {
+	return &notifier{interval: interval, store: st, log: log, faults: faults, pending: map[string]posting.Posting{}, stopCh: make(chan struct{})}
 }
 
 // inline reports whether an insert may carry its own NOTIFY: only when no
@@ -80,7 +83,7 @@ func (n *notifier) inlineDone() {
 }
 
 // post queues postings of committed jobs and makes sure a sender runs.
-func (n *notifier) post(ps []posting) {
+func (n *notifier) post(ps []posting.Posting) {
 	if len(ps) == 0 {
 		return
 	}
@@ -92,7 +95,7 @@ func (n *notifier) post(ps []posting) {
 	}
 	for _, p := range ps {
 		p.In = now.Add(time.Duration(p.In) * time.Millisecond).UnixMilli()
-		k := p.key()
+		k := p.Key()
 		if q, ok := n.pending[k]; ok {
 			p.In = min(p.In, q.In)
 		} else {
@@ -102,7 +105,7 @@ func (n *notifier) post(ps []posting) {
 	}
 	if !n.running {
 		n.running = true
-		n.wg.Go(n.loop)
+		n.group.Go(n.loop)
 	}
 }
 
@@ -115,7 +118,7 @@ const closeNotifyWait = 5 * time.Second
 // loop sends pending postings until none are left, one NOTIFY transaction
 // at a time and at most one per interval; once the notifier is closing,
 // at once, until closeNotifyWait after close.
-func (n *notifier) loop() {
+func (n *notifier) loop(ctx context.Context) {
 	for {
 		n.mu.Lock()
 		if len(n.pending) == 0 || n.closed && time.Now().After(n.flushBy) {
@@ -125,21 +128,21 @@ func (n *notifier) loop() {
 		}
 		closing, flushBy := n.closed, n.flushBy
 		now := time.Now().UnixMilli()
-		ps := make([]posting, 0, len(n.order))
+		ps := make([]posting.Posting, 0, len(n.order))
 		for _, k := range n.order {
 			p := n.pending[k]
 			p.In = max(p.In-now, 0)
 			ps = append(ps, p)
 		}
-		n.pending, n.order = map[string]posting{}, nil
+		n.pending, n.order = map[string]posting.Posting{}, nil
 		n.mu.Unlock()
 
 		deadline := time.Now().Add(10 * time.Second)
 		if closing {
 			deadline = flushBy
 		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		n.send(ctx, encodePostings(ps))
+		sctx, cancel := context.WithDeadline(ctx, deadline)
+		n.send(sctx, posting.EncodeAll(ps))
 		cancel()
 		if n.interval > 0 {
 			t := time.NewTimer(n.interval)
@@ -163,16 +166,16 @@ func (n *notifier) send(ctx context.Context, payloads []string) {
 		},
 	}
 	// Transient failures are tried again while the send's context lasts.
-	b := newBackoff(20*time.Millisecond, time.Second, 0)
+	b := run.NewBackoff(20*time.Millisecond, time.Second)
 	for {
 		rest, err := w.Run(ctx, payloads)
 		if err == nil {
-			n.faults.ok("notifications")
+			n.faults.OK("notifications")
 			return
 		}
 		// During an outage the outage's own lines say it (an idle worker
 		// finds what was not announced by its backup poll).
-		counted := n.faults.failed("notifications", err)
+		counted := n.faults.Failed("notifications", err)
 		wait := b.NextBackOff()
 		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) < wait {
 			if !counted {
@@ -204,7 +207,16 @@ func (n *notifier) close() {
 		close(n.stopCh)
 	}
 	n.mu.Unlock()
-	n.wg.Wait()
+	n.group.Stop(closeNotifyWait)
+}
+
+// postbox is where a Queue delivers the postings meant for its own
+// workers (the acquirer): post wakes the domains a posting matches,
+// wakeAll every domain (after a reconnect, when postings may have been
+// missed). The announcers and the listener deliver through it.
+type postbox interface {
+	post(p posting.Posting)
+	wakeAll()
 }
 
 // listener owns the LISTEN connection. It wakes every domain after each
@@ -212,20 +224,20 @@ func (n *notifier) close() {
 // backoff when the connection fails. While it is down, domains fall back to
 // their backup polls and run_at timers.
 type listener struct {
-	run      runner
+	group    run.Group
 	connect  func(context.Context) (*pgx.Conn, error)
 	channel  string
-	acq      *acquirer
+	acq      postbox
 	onCancel func(id uuid.UUID) // a Cancel posting for a job
 	onDone   func(id uuid.UUID) // a Done posting for a job
 	self     string             // this Queue's src: its own postings are ignored
 	log      *slog.Logger
-	faults   *outages
+	faults   *outage.Tracker
 	idle     time.Duration // ping the connection after this long without a posting
 }
 
-func newListener(connect func(context.Context) (*pgx.Conn, error), pool *pgxpool.Pool, channel, self string, acq *acquirer,
-	onCancel, onDone func(uuid.UUID), log *slog.Logger, faults *outages) *listener {
+func newListener(connect func(context.Context) (*pgx.Conn, error), pool *pgxpool.Pool, channel, self string, acq postbox,
+	onCancel, onDone func(uuid.UUID), log *slog.Logger, faults *outage.Tracker) *listener {
 	if connect == nil {
 		connect = func(ctx context.Context) (*pgx.Conn, error) {
 			c, err := pool.Acquire(ctx)
@@ -238,18 +250,24 @@ func newListener(connect func(context.Context) (*pgx.Conn, error), pool *pgxpool
 	return &listener{connect: connect, channel: channel, self: self, acq: acq, onCancel: onCancel, onDone: onDone, log: log, faults: faults, idle: 30 * time.Second}
 }
 
-func (l *listener) start() { l.run.start(l.loop) }
-func (l *listener) stop()  { l.run.stop() }
+// start starts the listener's loop; a nil listener (poll-only mode) has
+// none.
+func (l *listener) start() {
+	if l != nil {
+		l.group.Start(l.loop)
+	}
+}
+func (l *listener) stop() { l.group.Stop(0) }
 
 func (l *listener) loop(ctx context.Context) {
-	b := newBackoff(100*time.Millisecond, 5*time.Second, 0)
+	b := run.NewBackoff(100*time.Millisecond, 5*time.Second)
 	for ctx.Err() == nil {
 		err := l.session(ctx, b)
 		if ctx.Err() != nil {
 			return
 		}
 		wait := b.NextBackOff()
-		if !l.faults.failed("listener", err) {
+		if !l.faults.Failed("listener", err) {
 			l.log.Warn("backlog: listener connection lost; reconnecting", "in", wait, "err", err)
 		}
 		t := time.NewTimer(wait)
@@ -273,7 +291,7 @@ func (l *listener) session(ctx context.Context, b backoff.BackOff) error {
 		return err
 	}
 	b.Reset()
-	l.faults.ok("listener")
+	l.faults.OK("listener")
 	l.acq.wakeAll()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, l.idle)
@@ -298,7 +316,7 @@ func (l *listener) session(ctx context.Context, b backoff.BackOff) error {
 }
 
 func (l *listener) dispatch(payload string) {
-	var p posting
+	var p posting.Posting
 	err := json.Unmarshal([]byte(payload), &p)
 	switch {
 	case err != nil:
@@ -362,9 +380,6 @@ func (w *waiters) wake(id uuid.UUID) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, ch := range w.m[id] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+		run.Wake(ch)
 	}
 }

@@ -18,7 +18,8 @@ func (q *Queue) SweepExpired(ctx context.Context) (int, error) {
 	if q.isClosed() {
 		return 0, ErrClosed
 	}
-	return q.maint.sweep(ctx)
+	n, err := q.maint.Sweep(ctx)
+	return n, classify(err)
 }
 
 // Clean drops the job_history partitions whose jobs are all past their
@@ -34,7 +35,8 @@ func (q *Queue) Clean(ctx context.Context) (CleanResult, error) {
 	if q.isClosed() {
 		return CleanResult{}, ErrClosed
 	}
-	return q.maint.clean(ctx)
+	r, err := q.maint.Clean(ctx)
+	return CleanResult(r), classify(err)
 }
 
 // Stats returns counts of jobs by state and type (live jobs as they are,
@@ -75,7 +77,7 @@ func (q *Queue) Stats(ctx context.Context) (*Stats, error) {
 		return fail("open transactions", err)
 	}
 	st.OldestTransaction = oldTransactionOf(snap)
-	st.DatabaseErrors = q.faults.snapshot()
+	st.DatabaseErrors = DatabaseErrors(q.faults.Snapshot())
 	return st, nil
 }
 
@@ -125,4 +127,20 @@ func (q *Queue) Throughput(ctx context.Context, since time.Time, bucket time.Dur
 		}
 	}
 	return out, nil
+}
+
+// CleanResult counts what one cleaner pass did.
+type CleanResult struct {
+	Partitions   int // expired job_history partitions dropped
+	Jobs         int // expired rows deleted from job_history's default partition
+	PeriodicRuns int // periodic_runs rows past retention
+	Processes    int // rows of dead processes (see Queue.Processes)
+	// Inputs: kept results of prerequisites (see Job.Prerequisites) that
+	// no live job needs any more.
+	Inputs int
+	// OrderingKeys: rows of ordering keys that have no live job any more
+	// (the table job_ordering_keys; see OrderingKey).
+	OrderingKeys  int
+	Batches       int // statements run
+	MoreRemaining bool
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/backlogq/backlog/internal/posting"
 )
 
 // PausedType is a paused job type.
@@ -27,7 +29,7 @@ func (q *Queue) Pause(ctx context.Context, types ...string) error {
 	if _, err := q.store.Pause(ctx, types); err != nil {
 		return q.readErr(ctx, fmt.Errorf("pausing %v: %w", types, err))
 	}
-	q.announce.committed([]posting{{Hold: types}})
+	q.announce.committed([]posting.Posting{{Hold: types}})
 	return nil
 }
 
@@ -42,9 +44,9 @@ func (q *Queue) Resume(ctx context.Context, types ...string) error {
 	if err != nil {
 		return q.readErr(ctx, fmt.Errorf("resuming %v: %w", types, err))
 	}
-	ps := make([]posting, len(resumed))
+	ps := make([]posting.Posting, len(resumed))
 	for i, t := range resumed {
-		ps[i] = posting{Type: t}
+		ps[i] = posting.Posting{Type: t}
 	}
 	q.announce.committed(ps)
 	return nil

@@ -23,10 +23,10 @@ import (
 // nothing back from other processes; no-op handlers, whose workers mostly
 // wait, get the whole max.
 type prefetch struct {
-	buf     []*Job    // claimed, not yet handed out; FIFO
-	at      time.Time // when the jobs in buf were claimed (the last put)
-	max     int       // largest size (0: no prefetch)
-	workers int       // worker goroutines of the Work calls that joined
+	buf     []*claimed // claimed, not yet handed out; FIFO
+	at      time.Time  // when the jobs in buf were claimed (the last put)
+	max     int        // largest size (0: no prefetch)
+	workers int        // worker goroutines of the Work calls that joined
 
 	rate     float64       // jobs handed out per second, moving average
 	busy     float64       // workers busy (not waiting for a job), moving average
@@ -73,7 +73,7 @@ func (p *prefetch) deficitLocked() int {
 }
 
 // takeLocked hands out the oldest buffered job, or nil.
-func (p *prefetch) takeLocked(now time.Time) *Job {
+func (p *prefetch) takeLocked(now time.Time) *claimed {
 	if len(p.buf) == 0 {
 		return nil
 	}
@@ -83,16 +83,16 @@ func (p *prefetch) takeLocked(now time.Time) *Job {
 	if len(p.buf) == 0 {
 		p.buf = nil
 	}
-	j.waited += now.Sub(p.at) // the time in the buffer is queue latency too
+	j.Waited += now.Sub(p.at) // the time in the buffer is queue latency too
 	p.handed++
 	return j
 }
 
 // handLocked counts a job handed straight from a claim.
-func (p *prefetch) handLocked(*Job, time.Time) { p.handed++ }
+func (p *prefetch) handLocked(*claimed, time.Time) { p.handed++ }
 
 // putLocked adds claimed jobs no acquiree took.
-func (p *prefetch) putLocked(jobs []*Job) {
+func (p *prefetch) putLocked(jobs []*claimed) {
 	if len(jobs) == 0 {
 		return
 	}
@@ -101,7 +101,7 @@ func (p *prefetch) putLocked(jobs []*Job) {
 }
 
 // drainLocked empties the buffer and returns its jobs.
-func (p *prefetch) drainLocked() []*Job {
+func (p *prefetch) drainLocked() []*claimed {
 	jobs := p.buf
 	p.buf = nil
 	return jobs

@@ -4,13 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
-	"os"
-	"sync"
 	"time"
 
-	"github.com/backlogq/backlog/internal/pgerr"
-	"github.com/backlogq/backlog/internal/store"
+	"github.com/backlogq/backlog/internal/registry"
 )
 
 // ProcessInfo is a live worker process: a Queue running at least one Work
@@ -55,16 +51,6 @@ type WorkInfo struct {
 	Running int
 }
 
-// workRow is WorkInfo as stored in processes.works (the same fields, so
-// that one converts to the other).
-type workRow struct {
-	Types       []string          `json:"types"`
-	Tags        map[string]string `json:"tags,omitempty"`
-	Concurrency int               `json:"concurrency"`
-	Prefetch    int               `json:"prefetch"`
-	Running     int               `json:"running"`
-}
-
 // Processes lists the live worker processes of the queue's schema, oldest
 // first, from the processes table, which every process running Work keeps
 // up to date: it registers when its first Work call starts, rewrites its
@@ -85,7 +71,7 @@ func (q *Queue) Processes(ctx context.Context) ([]ProcessInfo, error) {
 	}
 	out := make([]ProcessInfo, 0, len(rows))
 	for _, r := range rows {
-		var works []workRow
+		var works []registry.WorkRow
 		if err := json.Unmarshal(r.Works, &works); err != nil {
 			return nil, fmt.Errorf("decoding the Work calls of process %s: %w", r.Worker, err)
 		}
@@ -97,190 +83,4 @@ func (q *Queue) Processes(ctx context.Context) ([]ProcessInfo, error) {
 		out = append(out, p)
 	}
 	return out, nil
-}
-
-// unregisterTimeout bounds the deletion of the process's row in Close: a
-// row left behind drops out once it is three leases old.
-const unregisterTimeout = 5 * time.Second
-
-// registry is this process's row in the processes table, a service. The
-// row exists from the first Work call to Close. Every write of it happens
-// on the heartbeat's goroutine (the heartbeat carries it in its lease
-// renewal, or writes it alone: see leases.heartbeat), except the deletion
-// in stop, which the Queue runs after the heartbeat stopped.
-type registry struct {
-	store  *store.Store
-	log    *slog.Logger
-	faults *outages
-	every  time.Duration // heartbeat interval
-	row    store.Process // its constant part
-	// kick asks the heartbeat to write the row now (Work calls came or
-	// went); buffer of 1, so join and leave never block.
-	kick chan struct{}
-
-	mu      sync.Mutex
-	works   []*workCall
-	joined  bool      // a Work call started: the row should exist
-	gen     uint64    // bumped by every change of works
-	written uint64    // gen of the last row written
-	tried   time.Time // when a write was last attempted
-	// missed: the last write reached the database but found no row of
-	// ours to refresh; write it whole at once.
-	missed bool
-	// foreign: another live process holds the worker ID (warned once).
-	foreign bool
-}
-
-func newRegistry(st *store.Store, log *slog.Logger, faults *outages, workerID string, lease time.Duration) *registry {
-	host, _ := os.Hostname()
-	return &registry{store: st, log: log, faults: faults, every: lease / 3, kick: make(chan struct{}, 1),
-		row: store.Process{Worker: workerID, Instance: randomHex(8), Host: host, PID: os.Getpid(), Lease: lease}}
-}
-
-func (r *registry) start() {}
-
-// stop deletes the row. The Queue calls it after the heartbeat stopped and
-// every Work call returned, so nothing writes the row again.
-func (r *registry) stop() {
-	r.mu.Lock()
-	joined := r.joined
-	r.joined = false
-	r.mu.Unlock()
-	if !joined {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), unregisterTimeout)
-	defer cancel()
-	if err := r.store.Unregister(ctx, r.row.Worker, r.row.Instance); err != nil {
-		r.log.Warn("backlog: removing this process from the processes table failed; it drops out after three leases",
-			"worker", r.row.Worker, "err", classify(err))
-	}
-}
-
-// join adds a Work call to the row; leave removes it.
-func (r *registry) join(w *workCall) {
-	r.mu.Lock()
-	r.works = append(r.works, w)
-	r.joined = true
-	r.gen++
-	r.mu.Unlock()
-	r.wake()
-}
-
-func (r *registry) leave(w *workCall) {
-	r.mu.Lock()
-	for i, x := range r.works {
-		if x == w {
-			r.works = append(r.works[:i], r.works[i+1:]...)
-			break
-		}
-	}
-	r.gen++
-	r.mu.Unlock()
-	r.wake()
-}
-
-func (r *registry) wake() {
-	select {
-	case r.kick <- struct{}{}:
-	default:
-	}
-}
-
-// procBeat is one write of the row.
-type procBeat struct {
-	row store.Process
-	gen uint64
-}
-
-// due returns the row to write now, or nil when no write is due: none is
-// until a Work call starts; then one a heartbeat, one when Work calls come
-// or go, and one right after a write that found no row to refresh. A
-// write that failed is tried again at the next heartbeat, not sooner, so
-// that an unreachable database never holds the heartbeat up more than
-// once a beat. leased is how many leases the process holds.
-func (r *registry) due(leased int) *procBeat {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	// A little under the interval, so that the heartbeat's own timer
-	// always finds it due.
-	if !r.joined || (r.written == r.gen && !r.missed && time.Since(r.tried) < r.every*9/10) {
-		return nil
-	}
-	r.tried, r.missed = time.Now(), false
-	works := make([]workRow, len(r.works))
-	running := 0
-	for i, w := range r.works {
-		n := int(w.running.Load())
-		running += n
-		works[i] = workRow{Types: w.spec.types, Tags: w.spec.tags, Concurrency: w.cfg.concurrency, Prefetch: w.cfg.prefetch, Running: n}
-		if len(works[i].Tags) == 0 {
-			works[i].Tags = nil
-		}
-	}
-	b := &procBeat{row: r.row, gen: r.gen}
-	b.row.Works, _ = json.Marshal(works) // strings, maps of strings and ints: cannot fail
-	b.row.Running, b.row.Leased = running, leased
-	return b
-}
-
-// carried records what a lease renewal that carried b did with it:
-// wrote the row, or found none of ours to refresh (or failed for a reason
-// that may be the row's): then the row is written alone at once.
-func (r *registry) carried(b *procBeat, wrote bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if wrote {
-		r.written = b.gen
-	} else {
-		r.missed = true
-	}
-}
-
-// write writes the row alone, if it is due (see due): the first write,
-// a change of Work calls, a heartbeat that held no lease to carry it, or
-// one whose renewal missed it. It gives up after a tenth of a lease, so
-// that it never holds up the renewal of leases for long (the next
-// heartbeat tries again).
-func (r *registry) write(ctx context.Context, leased int) {
-	b := r.due(leased)
-	if b == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(ctx, max(r.every*3/10, 100*time.Millisecond))
-	defer cancel()
-	ok, err := false, error(nil)
-	if b.row.StartedAt != nil {
-		ok, err = r.store.Beat(ctx, b.row)
-	}
-	if err == nil && !ok {
-		// Not written yet, or the row is gone (cleaned as dead after a
-		// stall), held by another transaction, or another process's.
-		var at time.Time
-		at, ok, err = r.store.Register(ctx, b.row)
-		r.mu.Lock()
-		if ok && r.row.StartedAt == nil {
-			r.row.StartedAt = &at
-		}
-		if !ok && err == nil && !r.foreign {
-			r.log.Warn("backlog: another live process uses this worker ID; this one is not listed by Processes until that one stops (give every process its own WithWorkerID)",
-				"worker", r.row.Worker)
-		}
-		r.foreign = !ok && err == nil
-		r.mu.Unlock()
-	}
-	switch {
-	case ok:
-		r.faults.ok("process registry")
-		r.mu.Lock()
-		r.written = b.gen
-		r.mu.Unlock()
-	case err != nil && ctx.Err() == nil && !pgerr.Transient(err):
-		r.log.Warn("backlog: writing this process's row in the processes table failed", "worker", r.row.Worker, "err", err)
-	case err != nil:
-		if ctx.Err() == nil {
-			r.faults.failed("process registry", err)
-		}
-		r.log.Debug("backlog: writing this process's row in the processes table failed", "worker", r.row.Worker, "err", err)
-	}
 }

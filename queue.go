@@ -2,7 +2,7 @@ package backlog
 
 import (
 	"context"
-	crand "crypto/rand"
+	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -15,8 +15,14 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/backlogq/backlog/internal/complete"
+	"github.com/backlogq/backlog/internal/maintain"
 	"github.com/backlogq/backlog/internal/migrate"
+	"github.com/backlogq/backlog/internal/outage"
+	"github.com/backlogq/backlog/internal/periodic"
 	"github.com/backlogq/backlog/internal/pgerr"
+	"github.com/backlogq/backlog/internal/posting"
+	"github.com/backlogq/backlog/internal/registry"
 	"github.com/backlogq/backlog/internal/store"
 	"github.com/backlogq/backlog/migrations"
 )
@@ -29,17 +35,18 @@ type Queue struct {
 	store *store.Store
 	// faults coalesces the background loops' database errors into
 	// outages (one log line when one begins, one when it ends).
-	faults *outages
+	faults *outage.Tracker
 
 	// The services, in start order (Close stops them in reverse).
 	announce announcer
 	listen   *listener // nil in poll-only mode
-	procs    *registry
+	procs    *registry.Registry
 	leases   *leases
-	comp     *completer
+	comp     *complete.Completer
+	claim    *claimer // the acquirer's claims (and the inline runs')
 	acq      *acquirer
-	maint    *maintenance
-	sched    *scheduler
+	maint    *maintain.Service
+	sched    *periodic.Scheduler
 
 	waiters  waiters
 	migrated atomic.Bool // the schema was found migrated
@@ -84,15 +91,23 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	q := &Queue{pool: pool, cfg: cfg, log: cfg.logger, store: store.New(pool, cfg.schema), closing: make(chan struct{})}
 	q.store.SetRetention(cfg.keepCompleted, cfg.keepFailed)
 	log := cfg.logger
-	q.faults = newOutages(log)
-	q.procs = newRegistry(q.store, log, q.faults, cfg.workerID, cfg.lease)
-	q.leases = newLeases(q.store, log, q.faults, cfg.lease)
-	q.leases.procs = q.procs
-	// The completer announces through the announcer, which (local mode)
-	// wakes the acquirer, which claims through the claimer, which submits
-	// releases to the completer: built in that order, wired after.
-	cl := &claimer{store: q.store, leases: q.leases, lease: cfg.lease, worker: cfg.workerID}
-	q.acq = newAcquirer(cl, log, q.faults, cfg.pollInterval, cfg.pollJitter)
+	q.faults = outage.New(log)
+	q.procs = registry.New(q.store, log, q.faults, cfg.workerID, randomHex(8), cfg.lease)
+	q.leases = newLeases(q.store, log, q.faults, cfg.lease, q.procs)
+	// Every part is built complete, each from those built before it. One
+	// edge runs against that order: the maintenance service and the
+	// completer announce (q.committed) through the announcer, which is
+	// built last, from the acquirer, which claims through the claimer,
+	// which gives jobs back through the completer. q.committed forwards to
+	// q.announce, which is set before New returns, so before anything can
+	// be announced.
+	q.maint = maintain.New(q.store, maintain.Config{PollInterval: cfg.pollInterval, SweepInterval: cfg.sweepInterval,
+		CleanInterval: cfg.cleanInterval, KeepFailed: cfg.keepFailed, Retention: MaxRetention, OldTransaction: OldTransactionWarning},
+		log, q.faults, q.committed)
+	q.comp = complete.New(q.store, complete.Config{Lease: cfg.lease, Announce: q.committed,
+		InPlace: q.maint.RetireSoon, Moved: q.maint.FinishedSome}, log, q.faults)
+	q.claim = &claimer{store: q.store, leases: q.leases, comp: q.comp, lease: cfg.lease, worker: cfg.workerID}
+	q.acq = newAcquirer(q.claim, log, q.faults, cfg.pollInterval, cfg.pollJitter, q.maint.Scheduled)
 	if cfg.pollOnly {
 		q.announce = newLocalAnnouncer(q.acq, q.store, log, q.faults)
 	} else {
@@ -101,33 +116,29 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 		q.announce = &notifyAnnouncer{store: q.store, notif: notif, acq: q.acq, src: src}
 		q.listen = newListener(cfg.listenConn, q.pool, q.store.Channel(), src, q.acq, q.leases.cancel, q.waiters.wake, log, q.faults)
 	}
-	q.comp = newCompleter(q.store, q.leases, log, q.faults, q.announce)
-	cl.comp = q.comp
-	q.maint = newMaintenance(q.store, &q.cfg, log, q.faults, q.announce)
-	q.acq.scheduled = q.maint.scheduled
-	q.comp.inPlace = q.maint.retireSoon
-	q.comp.moved = q.maint.finishedSome
-	q.sched = newScheduler(q.store, q.pool, &q.cfg, q.faults, q.announce)
+	q.sched = periodic.New(q.store, q.pool, periodic.Config{Clock: cfg.clock, Announce: q.committed}, log, q.faults)
 	return q, nil
 }
 
-// randomHex returns n random bytes in hex.
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = crand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// services lists the Queue's services in start order. Work starts them
-// all but the scheduler; Close stops them in reverse, so that nothing a
-// service needs stops before it (the process registry deletes its row once
-// the heartbeat, which writes it, has stopped).
+// services lists the Queue's services in start order; Close stops them in
+// reverse, so that nothing a service needs stops before it (the process
+// registry deletes its row once the heartbeat, which writes it, has
+// stopped). The others start their goroutines on demand.
 func (q *Queue) services() []service {
 	out := []service{q.announce}
 	if q.listen != nil {
 		out = append(out, q.listen)
 	}
-	return append(out, q.procs, q.leases, q.comp, q.acq, q.maint, q.sched)
+	return append(out, stopFunc(q.procs.Stop), q.leases, stopFunc(q.comp.Stop), q.acq, stopFunc(q.maint.Stop), stopFunc(q.sched.Stop))
+}
+
+// startLocked starts the loops a caller needs (their start functions) (q.mu held, the Queue not
+// closed): every one but the scheduler for Work; the listener for Wait;
+// the scheduler for Every and Cron.
+func (q *Queue) startLocked(starts ...func()) {
+	for _, start := range starts {
+		start()
+	}
 }
 
 // Schema returns the queue's schema name.
@@ -256,11 +267,7 @@ func (q *Queue) beginWork() bool {
 		return false
 	}
 	q.works.Add(1)
-	for _, s := range q.services() {
-		if s != service(q.sched) {
-			s.start()
-		}
-	}
+	q.startLocked(q.listen.start, q.leases.start, q.comp.Start, q.maint.Start)
 	return true
 }
 
@@ -295,4 +302,14 @@ func (q *Queue) isClosed() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.closed
+}
+
+// committed announces jobs committed by the Queue's own parts (see New).
+func (q *Queue) committed(ps []posting.Posting) { q.announce.committed(ps) }
+
+// randomHex returns n random bytes in hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }

@@ -2,10 +2,17 @@ package backlog
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/robfig/cron/v3"
+
+	"github.com/backlogq/backlog/internal/periodic"
+	"github.com/backlogq/backlog/internal/posting"
+	"github.com/backlogq/backlog/internal/store"
 )
 
 // MaxCatchUp bounds CatchUp.
@@ -48,15 +55,15 @@ func (q *Queue) Cron(name, spec, typ string, args any, opts ...EnqueueOption) er
 }
 
 // planEvery returns the planner of Every(interval).
-func planEvery(interval time.Duration) (planner, error) {
+func planEvery(interval time.Duration) (periodic.Planner, error) {
 	if interval < time.Second {
 		return nil, invalid("interval", "must be at least 1s, got %s", interval)
 	}
-	return everyPlanner(interval), nil
+	return periodic.Every(interval), nil
 }
 
 // planCron returns the planner of Cron(spec).
-func planCron(spec string) (planner, error) {
+func planCron(spec string) (periodic.Planner, error) {
 	s, err := cron.ParseStandard(spec)
 	if err != nil {
 		return nil, invalid("cron spec", "%q: %v", spec, err)
@@ -65,12 +72,12 @@ func planCron(spec string) (planner, error) {
 		if every.Delay < time.Second {
 			return nil, invalid("cron spec", "%q: @every must be at least 1s", spec)
 		}
-		return everyPlanner(every.Delay), nil
+		return periodic.Every(every.Delay), nil
 	}
-	return cronPlanner{s}, nil
+	return periodic.Cron{S: s}, nil
 }
 
-func (q *Queue) addSchedule(name string, kind ScheduleKind, spec string, p planner, typ string, args any, opts []EnqueueOption) error {
+func (q *Queue) addSchedule(name string, kind ScheduleKind, spec string, p periodic.Planner, typ string, args any, opts []EnqueueOption) error {
 	if err := validateText("schedule name", name, MaxTypeBytes, false); err != nil {
 		return err
 	}
@@ -102,15 +109,168 @@ func (q *Queue) addSchedule(name string, kind ScheduleKind, spec string, p plann
 	if q.closed {
 		return ErrClosed
 	}
-	if q.sched.enqueue == nil { // before the scheduler starts
-		q.sched.enqueue = func(ctx context.Context, tx pgx.Tx, specs []JobSpec) ([]posting, error) {
-			_, posts, err := q.insert(ctx, tx, true, specs)
-			return posts, err
-		}
-	}
-	q.sched.add(&schedule{name: name, planner: p, typ: typ, args: args, opts: jobOpts, catchUp: catchUp,
-		def: scheduleDef(name, kind, spec, job, catchUp, q.cfg.workerID)})
-	q.announce.start()
-	q.sched.start()
+	q.sched.Add(&periodic.Schedule{Name: name, Planner: p, CatchUp: catchUp,
+		Job: scheduledJob{q: q, typ: typ, args: args, opts: jobOpts}, Def: scheduleDef(name, kind, spec, job, catchUp, q.cfg.workerID)})
+	q.startLocked(q.sched.Start)
 	return nil
+}
+
+// scheduledJob is what a schedule's plans are enqueued as (a
+// periodic.Job).
+type scheduledJob struct {
+	q    *Queue
+	typ  string
+	args any
+	opts []EnqueueOption
+}
+
+// Enqueue inserts the jobs of the schedule's due plans inside the
+// scheduler's transaction tx and returns their postings.
+func (j scheduledJob) Enqueue(ctx context.Context, tx pgx.Tx, plans []periodic.Plan) ([]posting.Posting, error) {
+	specs := make([]JobSpec, len(plans))
+	for i, p := range plans {
+		opts := append(append([]EnqueueOption(nil), j.opts...), RunAt(p.At))
+		specs[i] = JobSpec{ID: p.ID, Type: j.typ, Args: j.args, Options: opts}
+	}
+	_, posts, err := j.q.insert(ctx, tx, true, specs)
+	return posts, err
+}
+
+// ScheduleKind says how a schedule was registered.
+type ScheduleKind string
+
+// The kinds of schedule.
+const (
+	ScheduleEvery ScheduleKind = "every" // registered with Queue.Every
+	ScheduleCron  ScheduleKind = "cron"  // registered with Queue.Cron
+)
+
+// ScheduleInfo is a periodic schedule as the processes that register it
+// (Every, Cron) recorded it, with its latest and next plans.
+type ScheduleInfo struct {
+	// Name is the schedule's name.
+	Name string
+	// Kind is how it was registered.
+	Kind ScheduleKind
+	// Spec is, for Every, the interval as time.Duration prints it
+	// ("1h0m0s"); for Cron, the expression as given ("*/5 * * * *",
+	// "@every 90s").
+	Spec string
+	// Type and Args are the job each plan enqueues.
+	Type string
+	Args json.RawMessage
+	// The job's options: Tags (nil: none), Priority, MaxAttempts, Timeout
+	// (0: none), OrderingKey and UniqueKey ("": none); and CatchUp, the
+	// schedule's.
+	Tags        map[string]string
+	Priority    int
+	MaxAttempts int
+	Timeout     time.Duration
+	OrderingKey string
+	UniqueKey   string
+	CatchUp     int
+	// LastPlan is the plan time of the latest job enqueued for the
+	// schedule, and LastJobID that job's ID (zero: none yet).
+	LastPlan  time.Time
+	LastJobID uuid.UUID
+	// NextPlan is the first plan time after both LastPlan and the
+	// database's now(): when the next job will be enqueued, as long as a
+	// running process registers the schedule. Zero when the spec has no
+	// further plan.
+	NextPlan time.Time
+	// CreatedAt is when the schedule was first registered, and UpdatedAt
+	// when its definition last changed (database clock).
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	// RegisteredAt is when a process last registered the schedule or
+	// confirmed it (each process running it does every 5 minutes), and
+	// RegisteredBy the worker ID of the process that last registered it.
+	RegisteredAt time.Time
+	RegisteredBy string
+	// Stale reports that no process has confirmed the schedule for 15
+	// minutes: no running process registers it any more, so no plan is
+	// enqueued (NextPlan says when one would be). A stale schedule stays
+	// listed until its row in the schedules table is deleted by hand; a
+	// process that registers it again makes it current.
+	Stale bool
+}
+
+// scheduleOptions is the options column of the schedules table.
+type scheduleOptions struct {
+	Priority    int    `json:"priority"`
+	MaxAttempts int    `json:"max_attempts"`
+	TimeoutMS   int64  `json:"timeout_ms"`
+	OrderingKey string `json:"ordering_key,omitempty"`
+	UniqueKey   string `json:"unique_key,omitempty"`
+	CatchUp     int    `json:"catch_up"`
+}
+
+// scheduleDef is the row a registration writes.
+func scheduleDef(name string, kind ScheduleKind, spec string, job store.GraphJob, catchUp int, by string) store.Schedule {
+	opts, _ := json.Marshal(scheduleOptions{Priority: int(job.Priority), MaxAttempts: int(job.MaxAttempts),
+		TimeoutMS: job.Timeout.Milliseconds(), OrderingKey: job.OrderingKey, UniqueKey: job.UniqueKey, CatchUp: catchUp}) // cannot fail
+	return store.Schedule{Name: name, Kind: string(kind), Spec: spec, Type: job.Type, Args: job.Args, Tags: job.Tags,
+		Options: opts, RegisteredBy: by}
+}
+
+// planOf returns the planner of a stored schedule.
+func planOf(kind ScheduleKind, spec string) (periodic.Planner, error) {
+	switch kind {
+	case ScheduleEvery:
+		d, err := time.ParseDuration(spec)
+		if err != nil {
+			return nil, invalid("interval", "%q: %v", spec, err)
+		}
+		return planEvery(d)
+	case ScheduleCron:
+		return planCron(spec)
+	}
+	return nil, invalid("schedule kind", "unknown kind %q", kind)
+}
+
+// Schedules lists the periodic schedules registered with Every or Cron by
+// any process of the queue's schema, by name, with their latest and next
+// plans. Each process records the schedules it registers in the schedules
+// table (at registration, and confirms them every 5 minutes while it
+// runs), so any Queue can list them, one that registers none too. When
+// processes register different definitions under one name, the one
+// registered last is listed. A schedule that no process confirms any more
+// is listed as Stale; it is never deleted automatically.
+func (q *Queue) Schedules(ctx context.Context) ([]ScheduleInfo, error) {
+	if q.isClosed() {
+		return nil, ErrClosed
+	}
+	rows, now, err := q.store.Schedules(ctx)
+	if err != nil {
+		return nil, q.readErr(ctx, fmt.Errorf("listing schedules: %w", err))
+	}
+	staleAfter := periodic.StaleConfirms * q.sched.ConfirmInterval()
+	out := make([]ScheduleInfo, 0, len(rows))
+	for _, r := range rows {
+		var opts scheduleOptions
+		if err := json.Unmarshal(r.Options, &opts); err != nil {
+			return nil, fmt.Errorf("decoding the options of schedule %s: %w", r.Name, err)
+		}
+		info := ScheduleInfo{Name: r.Name, Kind: ScheduleKind(r.Kind), Spec: r.Spec, Type: r.Type, Args: r.Args,
+			Priority: opts.Priority, MaxAttempts: opts.MaxAttempts, Timeout: time.Duration(opts.TimeoutMS) * time.Millisecond,
+			OrderingKey: opts.OrderingKey, UniqueKey: opts.UniqueKey, CatchUp: opts.CatchUp, LastJobID: r.LastJobID,
+			CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RegisteredAt: r.RegisteredAt, RegisteredBy: r.RegisteredBy,
+			Stale: now.Sub(r.RegisteredAt) > staleAfter}
+		if err := json.Unmarshal(r.Tags, &info.Tags); err != nil {
+			return nil, fmt.Errorf("decoding the tags of schedule %s: %w", r.Name, err)
+		}
+		if len(info.Tags) == 0 {
+			info.Tags = nil
+		}
+		if r.LastPlan != nil {
+			info.LastPlan = *r.LastPlan
+		}
+		// A row this version cannot read (written by hand, or by a later
+		// version) is listed without a next plan.
+		if p, err := planOf(info.Kind, info.Spec); err == nil {
+			info.NextPlan = periodic.NextPlan(p, info.LastPlan, now)
+		}
+		out = append(out, info)
+	}
+	return out, nil
 }

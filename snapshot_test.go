@@ -18,7 +18,7 @@ import (
 // Enqueues in transactions at REPEATABLE READ and SERIALIZABLE, whose
 // snapshot is older than a change the enqueue depends on: the SQL
 // function enqueue(), Queue.Retry joining a chain, and the cleaner of
-// ordering keys' rows. internal/sqltxtest holds the Go API's own tests.
+// ordering keys' rows. backlogtest/internal/sqltx holds the Go API's own tests.
 
 var snapshotLevels = []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable}
 

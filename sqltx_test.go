@@ -11,23 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
-	"github.com/backlogq/backlog/internal/sqltxtest"
 	"github.com/backlogq/backlog/internal/testdb"
 )
-
-// The caller's-transaction suite (internal/sqltxtest) with a pgx.Tx and
-// with a *sql.Tx of pgx's stdlib driver; internal/pqtest runs it with
-// lib/pq.
-
-func TestEnqueueTxPgx(t *testing.T) {
-	t.Parallel()
-	sqltxtest.Run(t, sqltxtest.Pgx(testdb.Pool(t)))
-}
-
-func TestEnqueueTxStdlib(t *testing.T) {
-	t.Parallel()
-	sqltxtest.Run(t, sqltxtest.SQL(stdlibDB(t)))
-}
 
 // stdlibDB opens a database/sql pool on pgx's stdlib driver.
 func stdlibDB(t *testing.T) *sql.DB {

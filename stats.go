@@ -96,3 +96,17 @@ func oldTransactionOf(s *store.Snapshot) *OldTransaction {
 	}
 	return &OldTransaction{Kind: s.Kind, PID: s.PID, Age: s.Age, State: s.State, Application: s.Application, Query: s.Query}
 }
+
+// DatabaseErrors counts the transient database errors (unreachable,
+// restarting, timeouts) this Queue's own background work met: claims,
+// outcome writes, lease renewals, the sweep and the other maintenance,
+// notifications, the listener. It describes this process, not the queue.
+type DatabaseErrors struct {
+	// Total is how many statements failed that way since New.
+	Total int64
+	// Outages is how many outages there were (one under way included): a
+	// run of such errors that ends once every part that failed works again.
+	Outages int64
+	// FailingSince is when the outage under way began, nil when none is.
+	FailingSince *time.Time
+}

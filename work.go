@@ -2,6 +2,7 @@ package backlog
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -9,6 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+
+	"github.com/backlogq/backlog/internal/registry"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -72,7 +76,7 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 		return err
 	}
 
-	q.maint.ensurePartitions(ctx)
+	q.maint.EnsurePartitions(ctx)
 	if !q.beginWork() {
 		return ErrClosed
 	}
@@ -86,8 +90,8 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	defer hardStop(nil)
 
 	w := &workCall{q: q, h: h, mux: mux, cfg: cfg, spec: spec, hard: hard}
-	q.procs.join(w)
-	defer q.procs.leave(w) // after every outcome is written, before Close may go on
+	q.procs.Join(w)
+	defer q.procs.Leave(w) // after every outcome is written, before Close may go on
 	q.acq.flowBaseline(ctx)
 	q.acq.join(spec, cfg.concurrency, cfg.prefetch)
 	var workers sync.WaitGroup
@@ -170,35 +174,66 @@ type workCall struct {
 	running  atomic.Int32   // handlers running (for Processes)
 	// written, when set (the inline runs of package backlogtest), hears
 	// whether each outcome was written.
-	written func(job *Job, ok bool)
+	written func(c *claimed, ok bool)
 }
 
-// run runs one claimed job and submits its outcome, which it returns with
-// the handler's error.
-func (w *workCall) run(job *Job) (store.Finish, error) {
+// WorkRow describes the call for this process's row in the processes
+// table (the registry).
+func (w *workCall) WorkRow() registry.WorkRow {
+	return registry.WorkRow{Types: w.spec.types, Tags: w.spec.tags, Concurrency: w.cfg.concurrency, Prefetch: w.cfg.prefetch,
+		Running: int(w.running.Load())}
+}
+
+// workAttempt is the attempt a handler's Job runs in: its lease (for
+// progress) and the store (for its prerequisites' results).
+type workAttempt struct {
+	leases *leases
+	lease  *heldLease
+	store  *store.Store
+}
+
+func (a workAttempt) setProgress(b json.RawMessage) error { return a.leases.setProgress(a.lease, b) }
+
+func (a workAttempt) inputs(ctx context.Context, ids []uuid.UUID) ([]store.Input, error) {
+	return a.store.Inputs(ctx, ids)
+}
+
+// jobOf is the Job a handler gets for the claimed job c.
+func (w *workCall) jobOf(c *claimed) *Job {
+	return &Job{ID: c.ID, Type: c.Type, Args: c.Args, Tags: c.Tags, Attempt: c.Attempt,
+		MaxAttempts: c.MaxAttempts, Priority: c.Priority, Timeout: c.Timeout, CreatedAt: c.CreatedAt,
+		RunAt: c.RunAt, Metadata: c.Meta, pre: c.Prereqs,
+		att: workAttempt{leases: w.q.leases, lease: c.lease, store: w.q.store}}
+}
+
+// run runs the claimed job c and submits its outcome, which it returns
+// with the Job the handler got (nil when it did not start) and the
+// handler's error.
+func (w *workCall) run(c *claimed) (*Job, store.Finish, error) {
 	ls := w.q.leases
 	ctx, cancel := context.WithCancelCause(w.hard)
 	defer cancel(nil)
-	if err := ls.begin(job.lease, cancel); err != nil {
+	if err := ls.begin(c.lease, cancel); err != nil {
 		if errors.Is(err, ErrCancelled) {
-			f := store.Finish{ID: job.ID, Token: job.token, State: string(StateCancelled), Err: errText(err)}
-			w.submit(job, f)
-			return f, nil
+			f := store.Finish{ID: c.ID, Token: c.Token, State: string(StateCancelled), Err: store.ErrorText(err)}
+			w.submit(c, f)
+			return nil, f, nil
 		}
 		if errors.Is(err, errHeldBack) {
 			// Paused, or its limits tightened, since it was claimed: it
 			// goes back, to be claimed under the new rules.
-			f := releaseOf(job)
-			w.submit(job, f)
-			return f, nil
+			f := releaseOf(c)
+			w.submit(c, f)
+			return nil, f, nil
 		}
 		// The lease could not be confirmed in time before the handler
 		// started: give the job back (refused if it is no longer ours).
-		w.q.log.Warn("backlog: lease lost before the job started; releasing it", "job", job.ID, "type", job.Type)
-		f := releaseOf(job)
-		w.submit(job, f)
-		return f, nil
+		w.q.log.Warn("backlog: lease lost before the job started; releasing it", "job", c.ID, "type", c.Type)
+		f := releaseOf(c)
+		w.submit(c, f)
+		return nil, f, nil
 	}
+	job := w.jobOf(c)
 	if job.Timeout > 0 {
 		var stop context.CancelFunc
 		ctx, stop = context.WithTimeoutCause(ctx, job.Timeout, ErrJobTimeout)
@@ -221,17 +256,17 @@ func (w *workCall) run(job *Job) (store.Finish, error) {
 	// outcome is written: the write is fenced by the lease token, so it
 	// lands only if the database still holds the job under this attempt,
 	// which spares a needless re-run.
-	fail, lost := ls.end(job.lease)
-	f := w.outcome(job, err, cause, fail)
+	fail, lost := ls.end(c.lease)
+	f := w.outcome(c, job, err, cause, fail)
 	if hooks.Finished != nil {
 		o := outcomeOf(f, err)
 		if lost {
 			o = OutcomeLeaseLost
 		}
-		hooks.Finished(ctx, job, JobEvent{Outcome: o, Duration: ran, QueueLatency: job.waited, Err: err})
+		hooks.Finished(ctx, job, JobEvent{Outcome: o, Duration: ran, QueueLatency: c.Waited, Err: err})
 	}
-	w.submit(job, f)
-	return f, err
+	w.submit(c, f)
+	return job, f, err
 }
 
 // outcomeOf names the write f for hooks.
@@ -252,34 +287,32 @@ func outcomeOf(f store.Finish, err error) Outcome {
 	}
 }
 
-func (w *workCall) submit(job *Job, f store.Finish) {
+func (w *workCall) submit(c *claimed, f store.Finish) {
 	w.finishes.Add(1)
 	done := func(bool) { w.finishes.Done() }
 	if w.written != nil { // inline runs only: Work's path stays as it was
 		done = func(ok bool) {
-			w.written(job, ok)
+			w.written(c, ok)
 			w.finishes.Done()
 		}
 	}
-	w.q.comp.submit(&finishReq{f: f, job: job, done: done})
+	w.q.comp.Submit(c.outcome(f, done))
 }
 
 // outcome maps what the handler returned to the write that records it.
 // fail, when set, is why the attempt must fail whatever the handler
 // returned (its lease could not be renewed).
-func (w *workCall) outcome(job *Job, err, cause, fail error) store.Finish {
-	f := store.Finish{ID: job.ID, Token: job.token}
-	if job.leases != nil {
-		f.Progress = job.leases.finalProgress(job.lease) // written with the outcome
-	}
+func (w *workCall) outcome(c *claimed, job *Job, err, cause, fail error) store.Finish {
+	f := store.Finish{ID: c.ID, Token: c.Token}
+	f.Progress = w.q.leases.finalProgress(c.lease) // written with the outcome
 	var snooze *snoozeError
 	switch {
 	case fail != nil:
-		f.State, f.Err = string(StateFailed), errText(fail)
+		f.State, f.Err = string(StateFailed), store.ErrorText(fail)
 	case err == nil:
 		res, rerr := job.result()
 		if rerr != nil {
-			f.State, f.Err = string(StateFailed), errText(errors.Unwrap(rerr)) // the InputError, without "permanent: "
+			f.State, f.Err = string(StateFailed), store.ErrorText(errors.Unwrap(rerr)) // the InputError, without "permanent: "
 			return f
 		}
 		f.State, f.Result = string(StateCompleted), res
@@ -287,15 +320,15 @@ func (w *workCall) outcome(job *Job, err, cause, fail error) store.Finish {
 		if !errors.Is(err, ErrCancelled) {
 			err = fmt.Errorf("%w: %w", ErrCancelled, err)
 		}
-		f.State, f.Err = string(StateCancelled), errText(err)
+		f.State, f.Err = string(StateCancelled), store.ErrorText(err)
 	case errors.Is(cause, ErrShutdown):
 		f.State, f.AttemptDelta, f.Delay = string(StateAvailable), -1, -1 // released, keeping its place
 	case errors.As(err, &snooze):
 		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), snooze.d, -1
 	case IsPermanent(err):
-		f.State, f.Err = string(StateFailed), errText(err)
+		f.State, f.Err = string(StateFailed), store.ErrorText(err)
 	case job.Attempt >= job.MaxAttempts:
-		f.State, f.Err = string(StateFailed), errText(err)
+		f.State, f.Err = string(StateFailed), store.ErrorText(err)
 	default:
 		if errors.Is(cause, ErrJobTimeout) && !errors.Is(err, ErrJobTimeout) {
 			err = fmt.Errorf("%w after %s: %w", ErrJobTimeout, job.Timeout, err)
@@ -303,10 +336,10 @@ func (w *workCall) outcome(job *Job, err, cause, fail error) store.Finish {
 		if errors.Is(cause, ErrLeaseLost) && !errors.Is(err, ErrLeaseLost) {
 			err = fmt.Errorf("%w: %w", ErrLeaseLost, err)
 		}
-		f.State, f.Err, f.Delay = string(StateAvailable), errText(err), w.backoff(job.Type).Delay(job.Attempt)
+		f.State, f.Err, f.Delay = string(StateAvailable), store.ErrorText(err), w.backoff(job.Type).Delay(job.Attempt)
 	}
 	if f.Err == nil && err != nil && f.State == string(StateFailed) {
-		f.Err = errText(err)
+		f.Err = store.ErrorText(err)
 	}
 	return f
 }

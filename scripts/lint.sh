@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lint the library, the CLI module (cmd/backlog), the OpenTelemetry module
 # (otelbacklog), the dashboard's browser tests (backlogui/browsertest) and
-# the lib/pq tests (internal/pqtest): gofmt, go vet and staticcheck. Run
+# the lib/pq tests (backlogtest/internal/pqtest): gofmt, go vet and staticcheck. Run
 # from anywhere.
 #
 # staticcheck is a tool dependency of the tools/ module (pinned in
@@ -47,7 +47,7 @@ echo "==> go vet + staticcheck (backlogui/browsertest) ./..." >&2
 
 # EnqueueTx's tests with lib/pq are a module of their own (so the library
 # never depends on lib/pq): vet and staticcheck them too.
-echo "==> go vet + staticcheck (internal/pqtest) ./..." >&2
-(cd internal/pqtest && go vet ./... && "$staticcheck" ./...)
+echo "==> go vet + staticcheck (backlogtest/internal/pqtest) ./..." >&2
+(cd backlogtest/internal/pqtest && go vet ./... && "$staticcheck" ./...)
 
 echo "lint: ok" >&2

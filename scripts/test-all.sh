@@ -6,7 +6,7 @@
 #
 # Usage: scripts/test-all.sh [go test flags...]   (default: -race -count=1)
 # The modules: the library (with backlogtest, backlogui, faults, examples),
-# cmd/backlog, otelbacklog and internal/pqtest.
+# cmd/backlog, otelbacklog and backlogtest/internal/pqtest.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,7 +26,7 @@ run() { # run NAME DIR TIMEOUT
 run library . 15m
 run cmd/backlog cmd/backlog 8m
 run otelbacklog otelbacklog 5m
-run internal/pqtest internal/pqtest 5m
+run backlogtest/internal/pqtest backlogtest/internal/pqtest 5m
 
 if [ ${#failed[@]} -gt 0 ]; then
 	echo "" >&2

@@ -1,4 +1,4 @@
-package sqltxtest
+package sqltx
 
 import (
 	"context"

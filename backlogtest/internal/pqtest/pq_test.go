@@ -1,4 +1,4 @@
-// Package pqtest runs the caller's-transaction suite (internal/sqltxtest)
+// Package pqtest runs the caller's-transaction suite (backlogtest/internal/sqltx)
 // with a *sql.Tx of lib/pq. It is a module of its own so that the
 // library's go.mod never lists lib/pq; make test runs it.
 package pqtest
@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/backlogq/backlog/internal/sqltxtest"
+	"github.com/backlogq/backlog/backlogtest/internal/sqltx"
 	"github.com/backlogq/backlog/internal/testdb"
 )
 
@@ -46,5 +46,5 @@ func TestEnqueueTxLibPQ(t *testing.T) {
 	db, err := sql.Open("postgres", url)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	sqltxtest.Run(t, sqltxtest.SQL(db))
+	sqltx.Run(t, sqltx.SQL(db))
 }

@@ -1,10 +1,10 @@
-module github.com/backlogq/backlog/internal/pqtest
+module github.com/backlogq/backlog/backlogtest/internal/pqtest
 
 go 1.26.8
 
 // Tests of the library with lib/pq, in a module of their own so that the
 // library's go.mod never lists lib/pq.
-replace github.com/backlogq/backlog => ../..
+replace github.com/backlogq/backlog => ../../..
 
 require (
 	github.com/backlogq/backlog v0.0.0-00010101000000-000000000000

@@ -1,4 +1,7 @@
-package backlog
+// Package complete writes job outcomes: the completer, one writer
+// goroutine with group commit, failure isolation per row, a slow lane for
+// rows another transaction holds, and back-pressure on claims.
+package complete
 
 import (
 	"context"
@@ -11,14 +14,17 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/backlogq/backlog/internal/isolate"
+	"github.com/backlogq/backlog/internal/outage"
 	"github.com/backlogq/backlog/internal/pgerr"
+	"github.com/backlogq/backlog/internal/posting"
+	"github.com/backlogq/backlog/internal/run"
 	"github.com/backlogq/backlog/internal/store"
 )
 
 // Sizes of the completer.
 const (
-	// maxFinishBatch bounds one finish statement.
-	maxFinishBatch = 2000
+	// MaxBatch bounds one finish statement.
+	MaxBatch = 2000
 	// maxHeldOutcomes bounds the outcomes the completer holds (queued,
 	// being written, or in the slow lane). While it is reached, claims
 	// wait: the process stops taking work it could not record.
@@ -28,7 +34,7 @@ const (
 	slowLaneWriters = 4
 )
 
-// completer writes job outcomes. One goroutine writes everything that
+// Completer writes job outcomes. One goroutine writes everything that
 // queued up while its previous write was in flight, in one transaction:
 // group commit with no fixed delay. Each write is fenced by lease token
 // (store.Finish).
@@ -49,40 +55,46 @@ const (
 //     that survived the outage is still honoured. Only when the Queue is
 //     closing does it drop outcomes whose leases have passed their local
 //     deadline: the database will hand those jobs out again.
-type completer struct {
-	run      runner
-	store    *store.Store
-	leases   *leases
-	log      *slog.Logger
-	faults   *outages
-	announce announcer
-
-	// inPlace is called after a write that may have left finished jobs in
-	// the jobs table (the graph path): the retirer moves them.
-	inPlace func()
-	// moved is called after a write that moved finished jobs to
-	// job_history.
-	moved func()
+type Completer struct {
+	group  run.Group
+	store  *store.Store
+	cfg    Config
+	log    *slog.Logger
+	faults *outage.Tracker
 
 	mu       sync.Mutex
-	queue    []*finishReq
-	graph    []*finishReq // outcomes of jobs with dependents: FinishGraph
+	queue    []*Request
+	graph    []*Request // outcomes of jobs with dependents: FinishGraph
 	held     int
 	space    chan struct{} // closed when held drops below maxHeldOutcomes
 	wake     chan struct{} // buffer of 1: submit never blocks
-	slow     []*finishReq
+	slow     []*Request
 	slowN    int // slow-lane writers running
 	slowWake chan struct{}
 	stopping bool
 	stopAt   time.Time
-	slowWG   sync.WaitGroup
 }
 
-// finishReq is one outcome to record.
-type finishReq struct {
-	f     store.Finish
-	job   *Job
-	done  func(written bool) // called once the write landed, was refused or dropped
+// A Lease is the lease an outcome is written under, as the completer
+// needs it.
+type Lease interface {
+	// Stale reports whether the lease's local deadline has passed (a
+	// write is then likely refused).
+	Stale(now time.Time) bool
+	// Forget is called once the outcome was written, refused or dropped.
+	Forget()
+}
+
+// A Request is one outcome to record.
+type Request struct {
+	F    store.Finish
+	Type string            // the job's type and tags: the postings of
+	Tags map[string]string // a job made available again
+	// Slot: the job holds a slot of a concurrency limit, which its
+	// finish frees (announced to every domain of its type).
+	Slot  bool
+	Lease Lease              // nil: none to forget
+	Done  func(written bool) // called once the write landed, was refused or dropped
 	tries int                // slow lane: writes tried
 	// uncertain: a write of this outcome ended with a commit whose answer
 	// was lost and could not be checked (store.CommitUnknownError): it may
@@ -93,27 +105,46 @@ type finishReq struct {
 	after     time.Time // slow lane: not before
 }
 
-func newCompleter(st *store.Store, ls *leases, log *slog.Logger, faults *outages, a announcer) *completer {
-	return &completer{store: st, leases: ls, log: log, faults: faults, announce: a, wake: make(chan struct{}, 1), slowWake: make(chan struct{}, 1)}
+// Config is what the completer is built with.
+type Config struct {
+	// Lease is the lease duration: once closing, outcomes not written
+	// within a lease of the stop are dropped.
+	Lease time.Duration
+	// Announce announces the postings of jobs an outcome made available
+	// (a retry due now, released dependents, a freed limit slot).
+	Announce func(ps []posting.Posting)
+	// InPlace, when set, is called after a write that may have left
+	// finished jobs in the jobs table (the graph path): the retirer
+	// moves them.
+	InPlace func()
+	// Moved, when set, is called after a write that moved finished jobs
+	// to job_history.
+	Moved func()
 }
 
-func (c *completer) start() { c.run.start(c.loop) }
-func (c *completer) stop()  { c.run.stop() }
+// New returns a completer; Start starts its writer.
+func New(st *store.Store, cfg Config, log *slog.Logger, faults *outage.Tracker) *Completer {
+	return &Completer{store: st, cfg: cfg, log: log, faults: faults, wake: make(chan struct{}, 1), slowWake: make(chan struct{}, 1)}
+}
 
-// submit queues an outcome. It never blocks.
-func (c *completer) submit(r *finishReq) {
+// Start starts the writer (once).
+func (c *Completer) Start() { c.group.Start(c.loop) }
+
+// Stop writes every outcome it holds (dropping, once a lease has passed,
+// those it cannot), then returns once its goroutines have.
+func (c *Completer) Stop() { c.group.Stop(0) }
+
+// Submit queues an outcome. It never blocks.
+func (c *Completer) Submit(r *Request) {
 	c.mu.Lock()
 	c.queue = append(c.queue, r)
 	c.held++
 	c.mu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	run.Wake(c.wake)
 }
 
-// admit waits while the completer holds maxHeldOutcomes outcomes.
-func (c *completer) admit(ctx context.Context) error {
+// Admit waits while the completer holds maxHeldOutcomes outcomes.
+func (c *Completer) Admit(ctx context.Context) error {
 	for {
 		c.mu.Lock()
 		if c.held < maxHeldOutcomes {
@@ -136,7 +167,7 @@ func (c *completer) admit(ctx context.Context) error {
 // loop writes outcomes until ctx ends, then writes what is left, waits for
 // the slow lane and returns. Writes never run under ctx: an outcome queued
 // before the stop is written, not cut off.
-func (c *completer) loop(ctx context.Context) {
+func (c *Completer) loop(ctx context.Context) {
 	wctx := context.WithoutCancel(ctx)
 	for {
 		select {
@@ -147,17 +178,16 @@ func (c *completer) loop(ctx context.Context) {
 			c.stopping, c.stopAt = true, time.Now()
 			c.mu.Unlock()
 			c.flush(wctx)
-			c.kickSlow()
-			c.slowWG.Wait()
+			c.kickSlow() // the slow lane ends once it is empty; stop awaits it
 			return
 		}
 	}
 }
 
 // flush writes every queued outcome, in batches of at most
-// maxFinishBatch: first in the one-statement finish, then, for jobs that
+// MaxBatch: first in the one-statement finish, then, for jobs that
 // turned out to have dependents, in the transactional one.
-func (c *completer) flush(ctx context.Context) {
+func (c *Completer) flush(ctx context.Context) {
 	for {
 		// Both queues in turn, so that outcomes of jobs with dependents
 		// never wait behind a stream of others.
@@ -174,24 +204,24 @@ func (c *completer) flush(ctx context.Context) {
 	}
 }
 
-// take removes a batch from q: at most maxFinishBatch outcomes, at most one
+// take removes a batch from q: at most MaxBatch outcomes, at most one
 // a job (a second outcome of a job, a stale attempt's after a busy retry,
 // stays queued for the next batch).
-func (c *completer) take(q *[]*finishReq) []*finishReq {
+func (c *Completer) take(q *[]*Request) []*Request {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var batch, rest []*finishReq
-	seen := make(map[uuid.UUID]bool, min(len(*q), maxFinishBatch))
+	var batch, rest []*Request
+	seen := make(map[uuid.UUID]bool, min(len(*q), MaxBatch))
 	for i, r := range *q {
-		if len(batch) == maxFinishBatch {
+		if len(batch) == MaxBatch {
 			rest = append(rest, (*q)[i:]...)
 			break
 		}
-		if seen[r.f.ID] {
+		if seen[r.F.ID] {
 			rest = append(rest, r)
 			continue
 		}
-		seen[r.f.ID] = true
+		seen[r.F.ID] = true
 		batch = append(batch, r)
 	}
 	*q = rest
@@ -209,9 +239,9 @@ const (
 
 // write records a batch, isolating failures, and retries what a transient
 // error held back until it is written.
-func (c *completer) write(ctx context.Context, batch []*finishReq, mode writeMode) {
-	w := isolate.Writer[*finishReq]{
-		Write: func(ctx context.Context, rs []*finishReq) error {
+func (c *Completer) write(ctx context.Context, batch []*Request, mode writeMode) {
+	w := isolate.Writer[*Request]{
+		Write: func(ctx context.Context, rs []*Request) error {
 			ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
 			return c.writeBatch(ctx, rs, mode)
@@ -219,12 +249,12 @@ func (c *completer) write(ctx context.Context, batch []*finishReq, mode writeMod
 		Busy:   c.toSlow,
 		Poison: c.poison,
 	}
-	b := newBackoff(50*time.Millisecond, 2*time.Second, 0)
+	b := run.NewBackoff(50*time.Millisecond, 2*time.Second)
 	pending := batch
 	for {
 		rest, err := w.Run(ctx, pending)
 		if err == nil {
-			c.faults.ok("outcomes")
+			c.faults.OK("outcomes")
 			return
 		}
 		var unknown *store.CommitUnknownError
@@ -236,7 +266,7 @@ func (c *completer) write(ctx context.Context, batch []*finishReq, mode writeMod
 		if pending = c.dropStale(rest); len(pending) == 0 {
 			return
 		}
-		if !c.faults.failed("outcomes", err) {
+		if !c.faults.Failed("outcomes", err) {
 			c.log.Warn("backlog: recording job outcomes failed; retrying", "jobs", len(pending), "err", err)
 		}
 		t := time.NewTimer(b.NextBackOff())
@@ -247,10 +277,10 @@ func (c *completer) write(ctx context.Context, batch []*finishReq, mode writeMod
 // writeBatch writes rs in one finish and settles each outcome: written,
 // refused (the lease is gone), busy (tried again, then the slow lane) or,
 // in the fast statement, one with dependents (to the graph queue).
-func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, mode writeMode) error {
+func (c *Completer) writeBatch(ctx context.Context, rs []*Request, mode writeMode) error {
 	fs := make([]store.Finish, len(rs))
 	for i, r := range rs {
-		fs[i] = r.f
+		fs[i] = r.F
 	}
 	var res store.FinishResult
 	var err error
@@ -262,25 +292,25 @@ func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, mode writeM
 	if err != nil {
 		return err
 	}
-	if mode != writeFast && c.inPlace != nil {
-		c.inPlace()
+	if mode != writeFast && c.cfg.InPlace != nil {
+		c.cfg.InPlace()
 	}
-	if mode == writeFast && c.moved != nil {
-		c.moved()
+	if mode == writeFast && c.cfg.Moved != nil {
+		c.cfg.Moved()
 	}
-	var again []posting
-	var graph []*finishReq
+	var again []posting.Posting
+	var graph []*Request
 	for _, r := range rs {
-		switch res.Status[r.f.ID] {
+		switch res.Status[r.F.ID] {
 		case store.Written:
-			switch State(res.State[r.f.ID]) {
-			case StateAvailable:
-				again = append(again, posting{Type: r.job.Type, Tags: r.job.Tags})
-			case StateScheduled:
-				again = append(again, schedPosting(r.f.Delay))
+			switch res.State[r.F.ID] {
+			case "available":
+				again = append(again, posting.Posting{Type: r.Type, Tags: r.Tags})
+			case "scheduled":
+				again = append(again, posting.Sched(r.F.Delay))
 			}
-			if r.job != nil && r.job.slot {
-				again = append(again, slotPosting(r.job))
+			if r.Slot {
+				again = append(again, posting.Posting{Type: r.Type})
 			}
 			c.settle(r, true)
 		case store.Busy:
@@ -290,14 +320,14 @@ func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, mode writeM
 		default: // store.Refused
 			if r.uncertain {
 				c.log.Warn("backlog: outcome not confirmed: an earlier write of it may have landed (the answer to its commit was lost and could not be checked), and the lease is no longer held",
-					"job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
+					"job", r.F.ID, "type", r.Type, "outcome", r.F.State)
 			} else {
-				c.log.Warn("backlog: outcome refused: lease lost", "job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
+				c.log.Warn("backlog: outcome refused: lease lost", "job", r.F.ID, "type", r.Type, "outcome", r.F.State)
 			}
 			c.settle(r, false)
 		}
 	}
-	c.announce.committed(append(again, postingsOf(res.Avail)...))
+	c.cfg.Announce(append(again, posting.OfAvail(res.Avail)...))
 	if len(graph) > 0 {
 		c.mu.Lock()
 		c.graph = append(c.graph, graph...)
@@ -308,45 +338,42 @@ func (c *completer) writeBatch(ctx context.Context, rs []*finishReq, mode writeM
 }
 
 // kick makes the writer loop flush (never blocks).
-func (c *completer) kick() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+func (c *Completer) kick() {
+	run.Wake(c.wake)
 }
 
 // poison fails a job whose outcome could not be written for a reason tied
 // to its row, in a minimal write that carries none of the outcome's data.
-func (c *completer) poison(ctx context.Context, r *finishReq, cause error) error {
-	reason := fmt.Errorf("backlog: recording the job's outcome (%s) failed, so the job fails instead: %w", r.f.State, cause)
-	f := store.Finish{ID: r.f.ID, Token: r.f.Token, State: string(StateFailed), Err: errText(reason)}
+func (c *Completer) poison(ctx context.Context, r *Request, cause error) error {
+	reason := fmt.Errorf("backlog: recording the job's outcome (%s) failed, so the job fails instead: %w", r.F.State, cause)
+	f := store.Finish{ID: r.F.ID, Token: r.F.Token, State: "failed", Err: store.ErrorText(reason)}
 	res, err := c.store.FinishGraph(ctx, []store.Finish{f}, true)
 	if err != nil {
 		return err
 	}
-	if c.inPlace != nil {
-		c.inPlace()
+	if c.cfg.InPlace != nil {
+		c.cfg.InPlace()
 	}
 	written := res.Status[f.ID] == store.Written
 	if written {
-		c.log.Error("backlog: a job's outcome could not be recorded; the job is failed", "job", r.f.ID, "type", r.job.Type, "err", cause)
+		c.log.Error("backlog: a job's outcome could not be recorded; the job is failed", "job", r.F.ID, "type", r.Type, "err", cause)
 	}
-	ps := postingsOf(res.Avail)
-	if written && r.job != nil && r.job.slot {
-		ps = append(ps, slotPosting(r.job))
+	ps := posting.OfAvail(res.Avail)
+	if written && r.Slot {
+		ps = append(ps, posting.Posting{Type: r.Type})
 	}
-	c.announce.committed(ps)
+	c.cfg.Announce(ps)
 	c.settle(r, written)
 	return nil
 }
 
 // settle ends an outcome's life in the completer.
-func (c *completer) settle(r *finishReq, written bool) {
-	if r.job != nil && r.job.lease != nil {
-		c.leases.remove(r.job.lease)
+func (c *Completer) settle(r *Request, written bool) {
+	if r.Lease != nil {
+		r.Lease.Forget()
 	}
-	if r.done != nil {
-		r.done(written)
+	if r.Done != nil {
+		r.Done(written)
 	}
 	c.mu.Lock()
 	c.held--
@@ -361,7 +388,7 @@ func (c *completer) settle(r *finishReq, written bool) {
 // leases have passed their local deadline, or that could not be written
 // within a lease of the stop, which are dropped: their jobs run again once
 // their leases have expired.
-func (c *completer) dropStale(rs []*finishReq) []*finishReq {
+func (c *Completer) dropStale(rs []*Request) []*Request {
 	c.mu.Lock()
 	stopping, stopAt := c.stopping, c.stopAt
 	c.mu.Unlock()
@@ -369,12 +396,12 @@ func (c *completer) dropStale(rs []*finishReq) []*finishReq {
 		return rs
 	}
 	now := time.Now()
-	late := now.Sub(stopAt) > c.leases.duration
+	late := now.Sub(stopAt) > c.cfg.Lease
 	keep := rs[:0:0]
 	for _, r := range rs {
-		if late || r.job != nil && r.job.lease != nil && c.leases.stale(r.job.lease, now) {
+		if late || r.Lease != nil && r.Lease.Stale(now) {
 			c.log.Error("backlog: closing: dropping an outcome that could not be written before its lease expired; the job will run again",
-				"job", r.f.ID, "type", r.job.Type, "outcome", r.f.State)
+				"job", r.F.ID, "type", r.Type, "outcome", r.F.State)
 			c.settle(r, false)
 			continue
 		}
@@ -391,7 +418,7 @@ const fastBusyTries = 3
 
 // busy puts an outcome whose row another transaction held back in the
 // queue for the next batch, or, after fastBusyTries, in the slow lane.
-func (c *completer) busy(r *finishReq) {
+func (c *Completer) busy(r *Request) {
 	if r.busy++; r.busy > fastBusyTries {
 		c.toSlow(r)
 		return
@@ -403,28 +430,25 @@ func (c *completer) busy(r *finishReq) {
 }
 
 // toSlow hands an outcome whose row was busy to the slow lane.
-func (c *completer) toSlow(r *finishReq) {
+func (c *Completer) toSlow(r *Request) {
 	c.mu.Lock()
 	c.slow = append(c.slow, r)
 	if c.slowN < slowLaneWriters {
 		c.slowN++
-		c.slowWG.Go(c.slowLoop)
+		c.group.Go(c.slowLoop)
 	}
 	c.mu.Unlock()
 	c.kickSlow()
 }
 
-func (c *completer) kickSlow() {
-	select {
-	case c.slowWake <- struct{}{}:
-	default:
-	}
+func (c *Completer) kickSlow() {
+	run.Wake(c.slowWake)
 }
 
 // slowLoop writes busy outcomes one at a time, each waiting for its row
 // (up to store.SlowLockTimeout a try), until none is left.
-func (c *completer) slowLoop() {
-	ctx := context.Background()
+func (c *Completer) slowLoop(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
 	for {
 		c.mu.Lock()
 		if len(c.slow) == 0 {
@@ -464,9 +488,9 @@ func (c *completer) slowLoop() {
 // writeSlow writes one outcome, waiting for its row; on failure it goes
 // back to the slow lane for a later try (or is poisoned, when its row is
 // to blame).
-func (c *completer) writeSlow(ctx context.Context, r *finishReq) {
+func (c *Completer) writeSlow(ctx context.Context, r *Request) {
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err := c.writeBatch(wctx, []*finishReq{r}, writeWait)
+	err := c.writeBatch(wctx, []*Request{r}, writeWait)
 	if err != nil && !pgerr.Transient(err) && !pgerr.Busy(err) {
 		err = c.poison(wctx, r, err)
 	}
@@ -474,26 +498,16 @@ func (c *completer) writeSlow(ctx context.Context, r *finishReq) {
 	if err == nil {
 		return
 	}
-	if len(c.dropStale([]*finishReq{r})) == 0 {
+	if len(c.dropStale([]*Request{r})) == 0 {
 		return
 	}
 	r.tries++
 	wait := min(100*time.Millisecond<<min(r.tries, 5), 2*time.Second)
 	if r.tries%10 == 0 {
-		c.log.Warn("backlog: an outcome still waits for its row", "job", r.f.ID, "type", r.job.Type, "tries", r.tries, "err", err)
+		c.log.Warn("backlog: an outcome still waits for its row", "job", r.F.ID, "type", r.Type, "tries", r.tries, "err", err)
 	}
 	r.after = time.Now().Add(wait)
 	c.mu.Lock()
 	c.slow = append(c.slow, r)
 	c.mu.Unlock()
 }
-
-// releaseOf is the write that gives a claimed job back.
-func releaseOf(j *Job) store.Finish {
-	return store.Finish{ID: j.ID, Token: j.token, State: string(StateAvailable), AttemptDelta: -1, Delay: -1}
-}
-
-// slotPosting announces that j's finish freed a slot of its type's
-// concurrency limit: it wakes every domain of the type, whatever its tags,
-// in every process, so that a claim held back by the limit takes the slot.
-func slotPosting(j *Job) posting { return posting{Type: j.Type} }

@@ -1,10 +1,10 @@
-// Package sqltxtest is the test suite of enqueueing inside a caller's
+// Package sqltx is the test suite of enqueueing inside a caller's
 // transaction (EnqueueTx, EnqueueManyTx, InsertMany), run once per kind of
 // transaction backlog accepts: a pgx.Tx and a *sql.Tx of pgx's stdlib
-// driver (the root module's sqltx_test.go) and a *sql.Tx of lib/pq
-// (internal/pqtest, a module of its own so the library never requires
+// driver (backlogtest's sqltx_test.go) and a *sql.Tx of lib/pq
+// (backlogtest/internal/pqtest, a module of its own so the library never requires
 // lib/pq). Every kind must pass the same tests.
-package sqltxtest
+package sqltx
 
 import (
 	"context"

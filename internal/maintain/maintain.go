@@ -1,4 +1,6 @@
-package backlog
+// Package maintain is a Queue's maintenance service: the promoter of
+// Scheduled jobs, the expired-lease sweep, the retirer and the cleaner.
+package maintain
 
 import (
 	"context"
@@ -9,6 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/backlogq/backlog/internal/outage"
+	"github.com/backlogq/backlog/internal/posting"
+	"github.com/backlogq/backlog/internal/run"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -18,11 +23,11 @@ const (
 	sweepBatch   = 500
 	cleanBatch   = 1000
 	retireBatch  = 1000
-	promoteBatch = 1000
+	PromoteBatch = 1000
 	// cleanMaxBatches bounds one cleaner pass; the next pass goes on.
 	cleanMaxBatches = 100
 	// promoteGap is the least time between two promotions of a process:
-	// scheduled jobs due within it are promoted together.
+	// Scheduled jobs due within it are promoted together.
 	promoteGap = 10 * time.Millisecond
 	// retireGap is the least time between two retire passes: graph writes
 	// that leave finished rows in place are moved together.
@@ -32,11 +37,11 @@ const (
 	summarizeGap = 2 * time.Second
 	// sweepSlack is how long after a lease's expiry the sweep looks, at
 	// most (jittered from a tenth of it), so that many processes do not
-	// sweep in step.
+	// Sweep in step.
 	sweepSlack = 300 * time.Millisecond
 )
 
-// maintenance is the Queue's maintenance service. Any number of processes
+// Service is the Queue's maintenance service. Any number of processes
 // may run it: every statement skips rows another one holds.
 //   - The promoter makes scheduled jobs available when they are due and
 //     announces them. It sleeps until the earliest scheduled job it knows
@@ -55,16 +60,16 @@ const (
 //     interval.
 //
 // Intervals are jittered by ±20 % so that processes do not run in step.
-type maintenance struct {
-	run      runner
+type Service struct {
+	group    run.Group
 	store    *store.Store
-	cfg      *config
+	cfg      Config
 	log      *slog.Logger
-	faults   *outages
-	announce announcer
+	faults   *outage.Tracker
+	announce func(ps []posting.Posting) // announces jobs made available
 
 	ensureMu sync.Mutex
-	ensured  bool // ensurePartitions ran
+	ensured  bool // EnsurePartitions ran
 
 	promoteBusy time.Duration // backoff while due jobs are held by others
 	sweepBusy   time.Duration // backoff while expired leases cannot be swept
@@ -77,34 +82,53 @@ type maintenance struct {
 	kick      chan struct{}
 }
 
-func newMaintenance(st *store.Store, cfg *config, log *slog.Logger, faults *outages, a announcer) *maintenance {
-	return &maintenance{store: st, cfg: cfg, log: log, faults: faults, announce: a, kick: make(chan struct{}, 1)}
+// Config is what the service needs of the Queue's options.
+type Config struct {
+	PollInterval  time.Duration // the promoter's backup look
+	SweepInterval time.Duration // the sweep's backup interval
+	CleanInterval time.Duration
+	KeepFailed    time.Duration // retention of failed and cancelled jobs
+	// Retention is the longest retention of any state: counts are rolled
+	// up past it.
+	Retention time.Duration
+	// OldTransaction is the age past which the cleaner warns of the
+	// oldest open transaction.
+	OldTransaction time.Duration
 }
 
-func (m *maintenance) start() { m.run.start(m.loop) }
-func (m *maintenance) stop()  { m.run.stop() }
+// New returns the service; announce announces jobs the promoter or the
+// Sweep made available.
+func New(st *store.Store, cfg Config, log *slog.Logger, faults *outage.Tracker, announce func(ps []posting.Posting)) *Service {
+	return &Service{store: st, cfg: cfg, log: log, faults: faults, announce: announce, kick: make(chan struct{}, 1)}
+}
 
-// ensurePartitions makes the job_history partitions of the days ahead the
+// Start starts the service's loop (once).
+func (m *Service) Start() { m.group.Start(m.loop) }
+
+// Stop stops the loop and waits for it.
+func (m *Service) Stop() { m.group.Stop(0) }
+
+// EnsurePartitions makes the job_history partitions of the days ahead the
 // first time a Work call starts, before any of its jobs can finish: a
 // finish into a day without its partition lands in the default partition,
 // from which the cleaner must move the day later. Failing is not fatal
 // (the cleaner tries again every clean interval).
-func (m *maintenance) ensurePartitions(ctx context.Context) {
+func (m *Service) EnsurePartitions(ctx context.Context) {
 	m.ensureMu.Lock()
 	defer m.ensureMu.Unlock()
 	if m.ensured {
 		return
 	}
 	m.ensured = true
-	if _, err := m.store.EnsurePartitions(ctx); err != nil && ctx.Err() == nil && !m.faults.failed("partitions", err) {
-		m.log.Warn("backlog: creating job_history partitions failed; the cleaner tries again", "err", classify(err))
+	if _, err := m.store.EnsurePartitions(ctx); err != nil && ctx.Err() == nil && !m.faults.Failed("partitions", err) {
+		m.log.Warn("backlog: creating job_history partitions failed; the cleaner tries again", "err", err)
 	} else if err == nil {
-		m.faults.ok("partitions")
+		m.faults.OK("partitions")
 	}
 }
 
-// scheduled hears that jobs become due in `in`.
-func (m *maintenance) scheduled(in time.Duration) {
+// Scheduled hears that jobs become due in `in`.
+func (m *Service) Scheduled(in time.Duration) {
 	at := time.Now().Add(in)
 	m.mu.Lock()
 	earlier := m.promoteAt.IsZero() || at.Before(m.promoteAt)
@@ -117,35 +141,28 @@ func (m *maintenance) scheduled(in time.Duration) {
 	}
 }
 
-// finishedSome notes that jobs entered job_history: its BRIN indexes want
+// FinishedSome notes that jobs entered job_history: its BRIN indexes want
 // a summary soon.
-func (m *maintenance) finishedSome() { m.finished.Store(true) }
+func (m *Service) FinishedSome() { m.finished.Store(true) }
 
-// retireSoon asks for finished jobs written in place to be moved.
-func (m *maintenance) retireSoon() {
+// RetireSoon asks for finished jobs written in place to be moved.
+func (m *Service) RetireSoon() {
 	m.mu.Lock()
 	m.retire = true
 	m.mu.Unlock()
 	m.wake()
 }
 
-func (m *maintenance) wake() {
-	select {
-	case m.kick <- struct{}{}:
-	default:
-	}
+func (m *Service) wake() {
+	run.Wake(m.kick)
 }
 
-func jitter(d time.Duration) time.Duration {
-	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
-}
-
-func (m *maintenance) loop(ctx context.Context) {
+func (m *Service) loop(ctx context.Context) {
 	// Partitions first: a finish never fails without them (the default
 	// partition takes the rows), but retention is cheap only with them.
 	m.cleanPass(ctx)
 	now := time.Now()
-	nextClean := now.Add(jitter(m.cfg.cleanInterval))
+	nextClean := now.Add(run.Jitter(m.cfg.CleanInterval))
 	nextSweep := now
 	backupLook := now // the promoter's look, whatever it knows
 	var lastPromote, lastRetire, lastSummary time.Time
@@ -158,14 +175,16 @@ func (m *maintenance) loop(ctx context.Context) {
 		if promoteAt.IsZero() || backupLook.Before(promoteAt) {
 			promoteAt = backupLook
 		}
-		promoteAt = maxTime(promoteAt, lastPromote.Add(promoteGap))
+		if next := lastPromote.Add(promoteGap); next.After(promoteAt) {
+			promoteAt = next
+		}
 		retireAt := lastRetire.Add(retireGap)
 		now := time.Now()
 		switch {
 		case !now.Before(promoteAt):
 			lastPromote = now
 			m.promotePass(ctx)
-			backupLook = time.Now().Add(jitter(m.cfg.pollInterval))
+			backupLook = time.Now().Add(run.Jitter(m.cfg.PollInterval))
 			continue
 		case !now.Before(nextSweep):
 			nextSweep = now.Add(m.sweepPass(ctx))
@@ -176,15 +195,15 @@ func (m *maintenance) loop(ctx context.Context) {
 			continue
 		case !now.Before(nextClean):
 			m.cleanPass(ctx)
-			nextClean = now.Add(jitter(m.cfg.cleanInterval))
+			nextClean = now.Add(run.Jitter(m.cfg.CleanInterval))
 			continue
 		case m.finished.Load() && !now.Before(lastSummary.Add(summarizeGap)):
 			lastSummary = now
 			m.finished.Store(false)
-			if _, err := m.store.SummarizeHistory(ctx); err != nil && ctx.Err() == nil && !m.faults.failed("summaries", err) {
-				m.log.Warn("backlog: summarizing job_history's indexes failed", "err", classify(err))
+			if _, err := m.store.SummarizeHistory(ctx); err != nil && ctx.Err() == nil && !m.faults.Failed("summaries", err) {
+				m.log.Warn("backlog: summarizing job_history's indexes failed", "err", err)
 			} else if err == nil {
-				m.faults.ok("summaries")
+				m.faults.OK("summaries")
 			}
 			continue
 		}
@@ -208,26 +227,26 @@ func (m *maintenance) loop(ctx context.Context) {
 
 // promotePass promotes every due scheduled job and learns when the next
 // one is due.
-func (m *maintenance) promotePass(ctx context.Context) {
+func (m *Service) promotePass(ctx context.Context) {
 	m.mu.Lock()
 	m.promoteAt = time.Time{}
 	m.mu.Unlock()
 	n, next, err := m.promote(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			if !m.faults.failed("promoter", err) {
+			if !m.faults.Failed("promoter", err) {
 				m.log.Warn("backlog: promoting scheduled jobs failed", "err", err)
 			}
-			m.scheduled(time.Second) // try again
+			m.Scheduled(time.Second) // try again
 		}
 		return
 	}
-	m.faults.ok("promoter")
+	m.faults.OK("promoter")
 	if n > 0 {
 		m.log.Debug("backlog: promoted scheduled jobs", "jobs", n)
 	}
 	if next >= 0 {
-		m.scheduled(next)
+		m.Scheduled(next)
 	}
 }
 
@@ -235,20 +254,20 @@ func (m *maintenance) promotePass(ctx context.Context) {
 // the time until the next one (< 0: none). Jobs locked by another
 // transaction (another process promoting them, usually) are looked at
 // again shortly.
-func (m *maintenance) promote(ctx context.Context) (int, time.Duration, error) {
+func (m *Service) promote(ctx context.Context) (int, time.Duration, error) {
 	total := 0
 	for busy := 0; ; {
-		p, err := m.store.Promote(ctx, promoteBatch)
+		p, err := m.store.Promote(ctx, PromoteBatch)
 		total += p.Jobs
-		m.announce.committed(postingsOf(p.Avail))
+		m.announce(posting.OfAvail(p.Avail))
 		if err != nil {
-			return total, -1, classify(fmt.Errorf("promoting scheduled jobs: %w", err))
+			return total, -1, fmt.Errorf("promoting scheduled jobs: %w", err)
 		}
 		switch {
 		case !p.More:
 			m.promoteBusy = 0
 			return total, p.Next, nil
-		case p.Jobs == promoteBatch:
+		case p.Jobs == PromoteBatch:
 			continue
 		case busy < 3:
 			busy++
@@ -265,16 +284,16 @@ func (m *maintenance) promote(ctx context.Context) (int, time.Duration, error) {
 
 // sweepPass sweeps expired leases and returns when to look again: just
 // after the earliest lease of a running job expires, and at least every
-// sweep interval.
-func (m *maintenance) sweepPass(ctx context.Context) time.Duration {
-	backup := jitter(m.cfg.sweepInterval)
-	if _, err := m.sweep(ctx); err != nil {
-		if ctx.Err() == nil && !m.faults.failed("sweep", err) {
+// Sweep interval.
+func (m *Service) sweepPass(ctx context.Context) time.Duration {
+	backup := run.Jitter(m.cfg.SweepInterval)
+	if _, err := m.Sweep(ctx); err != nil {
+		if ctx.Err() == nil && !m.faults.Failed("sweep", err) {
 			m.log.Warn("backlog: expired-lease sweep failed", "err", err)
 		}
 		return backup
 	}
-	m.faults.ok("sweep")
+	m.faults.OK("sweep")
 	m.retirePass(ctx)
 	in, ok, err := m.store.NextExpiry(ctx)
 	if err != nil || !ok {
@@ -291,24 +310,24 @@ func (m *maintenance) sweepPass(ctx context.Context) time.Duration {
 	return min(in+sweepSlack/10+rand.N(sweepSlack), backup)
 }
 
-func (m *maintenance) sweep(ctx context.Context) (int, error) {
+func (m *Service) Sweep(ctx context.Context) (int, error) {
 	total := 0
 	for {
 		res, err := m.store.SweepExpired(ctx, sweepBatch)
 		total += res.Swept
-		ps := postingsOf(res.Avail)
+		ps := posting.OfAvail(res.Avail)
 		for _, t := range res.Types {
 			// A freed slot, for a claim held back by the type's
 			// concurrency limit, whatever its tags (the job itself may
 			// have failed or been cancelled).
-			ps = append(ps, posting{Type: t})
+			ps = append(ps, posting.Posting{Type: t})
 		}
-		m.announce.committed(ps)
+		m.announce(ps)
 		if res.Poisoned > 0 {
 			m.log.Error("backlog: expired jobs that could not be swept were failed", "jobs", res.Poisoned)
 		}
 		if err != nil {
-			return total, classify(fmt.Errorf("sweeping expired leases: %w", err))
+			return total, fmt.Errorf("sweeping expired leases: %w", err)
 		}
 		if res.Swept < sweepBatch {
 			if total > 0 {
@@ -320,106 +339,91 @@ func (m *maintenance) sweep(ctx context.Context) (int, error) {
 }
 
 // retirePass moves finished jobs written in place into job_history.
-func (m *maintenance) retirePass(ctx context.Context) {
+func (m *Service) retirePass(ctx context.Context) {
 	m.mu.Lock()
 	m.retire = false
 	m.mu.Unlock()
 	for range cleanMaxBatches {
 		n, err := m.store.Retire(ctx, retireBatch)
 		if n > 0 {
-			m.finishedSome()
+			m.FinishedSome()
 		}
 		if err != nil {
-			if ctx.Err() == nil && !m.faults.failed("retirer", err) {
-				m.log.Warn("backlog: moving finished jobs to job_history failed", "err", classify(err))
+			if ctx.Err() == nil && !m.faults.Failed("retirer", err) {
+				m.log.Warn("backlog: moving finished jobs to job_history failed", "err", err)
 			}
 			return
 		}
-		m.faults.ok("retirer")
+		m.faults.OK("retirer")
 		if n < retireBatch {
 			return
 		}
 	}
 }
 
-// CleanResult counts what one cleaner pass did.
-type CleanResult struct {
-	Partitions   int // expired job_history partitions dropped
-	Jobs         int // expired rows deleted from job_history's default partition
-	PeriodicRuns int // periodic_runs rows past retention
-	Processes    int // rows of dead processes (see Queue.Processes)
-	// Inputs: kept results of prerequisites (see Job.Prerequisites) that
-	// no live job needs any more.
-	Inputs int
-	// OrderingKeys: rows of ordering keys that have no live job any more
-	// (the table job_ordering_keys; see OrderingKey).
-	OrderingKeys  int
-	Batches       int // statements run
-	MoreRemaining bool
-}
-
-func (m *maintenance) cleanPass(ctx context.Context) {
-	if _, err := m.clean(ctx); err != nil && ctx.Err() == nil && !m.faults.failed("cleaner", err) {
+func (m *Service) cleanPass(ctx context.Context) {
+	if _, err := m.Clean(ctx); err != nil && ctx.Err() == nil && !m.faults.Failed("cleaner", err) {
 		m.log.Warn("backlog: cleaner failed", "err", err)
 	} else if err == nil {
-		m.faults.ok("cleaner")
+		m.faults.OK("cleaner")
 	}
 	m.warnOldTransaction(ctx)
 }
 
 // warnOldTransaction logs the oldest open transaction of the database when
-// it is older than OldTransactionWarning: it keeps PostgreSQL from cleaning
+// it is older than cfg.OldTransaction: it keeps PostgreSQL from cleaning
 // up dead job rows, and claims slow down while they pile up.
-func (m *maintenance) warnOldTransaction(ctx context.Context) {
+func (m *Service) warnOldTransaction(ctx context.Context) {
 	s, err := m.store.OldestSnapshot(ctx)
-	if err != nil || s == nil || s.Age < OldTransactionWarning {
+	if err != nil || s == nil || s.Age < m.cfg.OldTransaction {
 		return
 	}
 	m.log.Warn("backlog: an old transaction holds back the cleanup of dead job rows; claims slow down until it ends",
 		"kind", s.Kind, "pid", s.PID, "age", s.Age.Round(time.Second), "state", s.State, "application", s.Application, "query", s.Query)
 }
 
-func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {
-	var total CleanResult
+// Clean runs one cleaner pass.
+func (m *Service) Clean(ctx context.Context) (Cleaned, error) {
+	var total Cleaned
 	if _, err := m.store.EnsurePartitions(ctx); err != nil {
 		// Not fatal: finishes fall back to the default partition.
-		if !m.faults.failed("partitions", err) {
-			m.log.Warn("backlog: creating job_history partitions failed", "err", classify(err))
+		if !m.faults.Failed("partitions", err) {
+			m.log.Warn("backlog: creating job_history partitions failed", "err", err)
 		}
 	} else {
-		m.faults.ok("partitions")
+		m.faults.OK("partitions")
 	}
 	for total.Batches < cleanMaxBatches {
-		r, err := m.store.Clean(ctx, m.cfg.keepFailed, cleanBatch)
+		r, err := m.store.Clean(ctx, m.cfg.KeepFailed, cleanBatch)
 		total.Batches++
 		total.Partitions += r.Partitions
 		total.Jobs += r.Jobs
 		total.PeriodicRuns += r.Runs
 		if err != nil {
-			return total, classify(fmt.Errorf("cleaning finished jobs: %w", err))
+			return total, fmt.Errorf("cleaning finished jobs: %w", err)
 		}
 		if r.Jobs < cleanBatch && r.Runs < cleanBatch {
 			break
 		}
 	}
 	total.MoreRemaining = total.Batches == cleanMaxBatches
-	if _, err := m.store.RollUpCounts(ctx, MaxRetention); err != nil {
-		return total, classify(fmt.Errorf("rolling up job counts: %w", err))
+	if _, err := m.store.RollUpCounts(ctx, m.cfg.Retention); err != nil {
+		return total, fmt.Errorf("rolling up job counts: %w", err)
 	}
 	n, err := m.store.CleanProcesses(ctx)
 	total.Processes = n
 	total.Batches++
 	if err != nil {
-		return total, classify(fmt.Errorf("removing dead processes: %w", err))
+		return total, fmt.Errorf("removing dead processes: %w", err)
 	}
 	if _, err := m.store.CleanRates(ctx); err != nil {
-		return total, classify(fmt.Errorf("removing spent rate limit states: %w", err))
+		return total, fmt.Errorf("removing spent rate limit states: %w", err)
 	}
 	n, err = m.store.CleanInputs(ctx, cleanBatch)
 	total.Inputs = n
 	total.Batches++
 	if err != nil {
-		return total, classify(fmt.Errorf("removing kept prerequisite results: %w", err))
+		return total, fmt.Errorf("removing kept prerequisite results: %w", err)
 	}
 	if err := m.cleanOrderingKeys(ctx, &total); err != nil {
 		return total, err
@@ -436,14 +440,14 @@ func (m *maintenance) clean(ctx context.Context) (CleanResult, error) {
 // cleanBatch rows a transaction (two statements), deleting the rows of
 // keys that have no live job, up to cleanMaxBatches pages a pass; the
 // next pass starts over.
-func (m *maintenance) cleanOrderingKeys(ctx context.Context, total *CleanResult) error {
+func (m *Service) cleanOrderingKeys(ctx context.Context, total *Cleaned) error {
 	after := ""
 	for range cleanMaxBatches {
 		n, last, err := m.store.CleanOrderingKeys(ctx, after, cleanBatch)
 		total.OrderingKeys += n
 		total.Batches++
 		if err != nil {
-			return classify(err)
+			return err
 		}
 		if last == "" {
 			return nil
@@ -452,4 +456,21 @@ func (m *maintenance) cleanOrderingKeys(ctx context.Context, total *CleanResult)
 	}
 	total.MoreRemaining = true
 	return nil
+}
+
+// Cleaned counts what one cleaner pass did (the Queue's CleanResult has
+// the same fields).
+type Cleaned struct {
+	Partitions   int // expired job_history partitions dropped
+	Jobs         int // expired rows deleted from job_history's default partition
+	PeriodicRuns int // periodic_runs rows past retention
+	Processes    int // rows of dead processes (see Queue.Processes)
+	// Inputs: kept results of prerequisites (see Job.Prerequisites) that
+	// no live job needs any more.
+	Inputs int
+	// OrderingKeys: rows of ordering keys that have no live job any more
+	// (the table job_ordering_keys; see OrderingKey).
+	OrderingKeys  int
+	Batches       int // statements run
+	MoreRemaining bool
 }
