@@ -271,6 +271,14 @@ func TestMigration12DownRestoresVersion11(t *testing.T) {
 	migrationDownRestores(t, 12)
 }
 
+// TestMigration19DownRestoresVersion18: the same for 0019 (one posting
+// format): enqueue_posting(), enqueue() and finish() return to the
+// definitions that built their payloads themselves, and posting() is gone.
+func TestMigration19DownRestoresVersion18(t *testing.T) {
+	t.Parallel()
+	migrationDownRestores(t, 19)
+}
+
 // migrationDownRestores checks that a schema migrated up to version and
 // one step down has the catalog of a schema migrated to version-1.
 func migrationDownRestores(t *testing.T, version int64) {

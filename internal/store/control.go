@@ -83,7 +83,7 @@ INSERT INTO ` + s.jobs + ` (` + cols + `) ` + fmt.Sprintf(back, "'available'", "
 	UPDATE ` + s.jobs + ` j SET state = 'cancelled', finished_at = now(), last_error = 'cancelled by request'
 	FROM l WHERE j.id = l.id RETURNING j.id, j.notify_done
 )
-SELECT c.id, (SELECT count(pg_notify($2, json_build_object('done', x.id)::text)) FROM c x WHERE x.notify_done) FROM c`
+SELECT c.id, (SELECT count(pg_notify($2, ` + s.postingSQL("p_done => x.id") + `)) FROM c x WHERE x.notify_done) FROM c`
 	c.deleteBatchFinished = `DELETE FROM ` + s.history + ` WHERE ` + inRange("") + ` RETURNING id`
 	c.deleteBatchFailed = `DELETE FROM ` + s.history + ` WHERE ` + inRange(failed) + ` RETURNING id`
 	c.deleteBatchLive = `DELETE FROM ` + s.jobs + ` j WHERE j.id IN (

@@ -96,7 +96,7 @@ func (s *Store) buildFinish() {
 SELECT d.id, d.state FROM done d
 UNION ALL
 SELECT NULL::uuid, NULL::text FROM (
-	SELECT pg_notify($8, json_build_object('done', d.id)::text) FROM done d WHERE d.notify_done AND d.state IN ('completed', 'failed', 'cancelled')) w`
+	SELECT pg_notify($8, ` + s.postingSQL("p_done => d.id") + `) FROM done d WHERE d.notify_done AND d.state IN ('completed', 'failed', 'cancelled')) w`
 	}
 	f.skip = stmt("SKIP LOCKED")
 	f.wait = stmt("")
@@ -162,7 +162,7 @@ WHERE j.lease_token = t.token AND j.state = 'running' AND j.id NOT IN (SELECT id
 )
 SELECT s.id, s.state, s.type, s.tags, s.run_at, greatest(0, ceil(extract(epoch FROM s.run_at - now()) * 1000))::bigint FROM swept s
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_object('done', id)::text)
+SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, ` + s.postingSQL("p_done => id") + `)
 	FROM swept WHERE notify_done AND state <> 'available') w`
 	}
 	f.sweep = sweep("")
@@ -180,7 +180,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_
 		lease_token = NULL, lease_expires_at = NULL, worker = NULL, finished_at = now()
 	FROM x WHERE j.id = x.id RETURNING j.id, j.notify_done
 )
-SELECT count(*), count(pg_notify($3, json_build_object('done', id)::text)) FILTER (WHERE notify_done) FROM u`
+SELECT count(*), count(pg_notify($3, ` + s.postingSQL("p_done => id") + `)) FILTER (WHERE notify_done) FROM u`
 }
 
 // finishArrays are a batch of Finish as the statements' parameter arrays.

@@ -215,7 +215,7 @@ SELECT count(*) FROM upd`
 SELECT u.id, u.state, u.type, u.tags, u.run_at, greatest(0, ceil(extract(epoch FROM u.run_at - now()) * 1000))::bigint
 FROM upd u WHERE u.state IN ('cancelled', 'scheduled', 'available')
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_object('done', u.id)::text) FROM upd u
+SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, ` + s.postingSQL("p_done => u.id") + `) FROM upd u
 	WHERE u.notify_done AND u.state = 'cancelled') w`
 
 	g.dependents = `SELECT DISTINCT job FROM ` + s.edges + ` WHERE prereq = ANY($1::uuid[]) ORDER BY 1`
@@ -233,7 +233,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, json_build_
 	UPDATE ` + s.jobs + ` j SET state = 'failed', last_error = $3, finished_at = now(), blocked_by = 0
 	FROM l WHERE j.id = l.id AND j.state = 'blocked' RETURNING j.id, j.notify_done
 )
-SELECT count(*), count(pg_notify($4, json_build_object('done', id)::text)) FILTER (WHERE notify_done) FROM u`
+SELECT count(*), count(pg_notify($4, ` + s.postingSQL("p_done => id") + `)) FILTER (WHERE notify_done) FROM u`
 	g.read = `SELECT state, COALESCE(ordering_key, '') FROM ` + s.jobs + ` WHERE id = $1
 UNION ALL SELECT state, COALESCE(ordering_key, '') FROM ` + s.history + ` WHERE id = $1 LIMIT 1`
 	// Finished jobs' states, for prerequisites no longer in jobs.
@@ -244,11 +244,11 @@ UNION ALL SELECT state, COALESCE(ordering_key, '') FROM ` + s.history + ` WHERE 
 	UPDATE ` + s.jobs + ` SET state = 'cancelled', finished_at = now(), last_error = 'cancelled by request'
 	WHERE id = $1 AND state IN ('blocked', 'scheduled', 'available') RETURNING id, notify_done
 )
-SELECT count(*), count(pg_notify($2, json_build_object('done', id)::text)) FILTER (WHERE notify_done) FROM c`
+SELECT count(*), count(pg_notify($2, ` + s.postingSQL("p_done => id") + `)) FILTER (WHERE notify_done) FROM c`
 	g.requestCancel = `WITH c AS (
 	UPDATE ` + s.jobs + ` SET cancel_requested = true WHERE id = $1 AND state = 'running' RETURNING id
 )
-SELECT count(*), count(pg_notify($2, json_build_object('cancel', id)::text)) FROM c`
+SELECT count(*), count(pg_notify($2, ` + s.postingSQL("p_cancel => id") + `)) FROM c`
 	g.markWaiting = `UPDATE ` + s.jobs + ` SET notify_done = true WHERE id = $1 RETURNING state, type, tags`
 	g.chainPreds = `SELECT e.prereq FROM ` + s.edges + ` e JOIN ` + s.jobs + ` p ON p.id = e.prereq
 WHERE e.job = $1 AND e.kind = 'order' AND p.state IN ` + live + ` ORDER BY 1`

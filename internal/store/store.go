@@ -12,10 +12,27 @@
 // so they are prepared once per connection unless the application configured
 // its pool otherwise (as it must behind PgBouncer).
 //
-// No statement here sends a posting about available jobs: statements that
-// make jobs available return them (Avail), and the caller announces them
-// after the commit, so postings are built, bounded and sent in one place.
-// Only completion notices for Queue.Wait ("done") are sent from SQL.
+// Postings (NOTIFY payloads on the schema's channel) have one format, the
+// root package's posting type. Postings about available jobs are built in
+// Go (encodePosting): statements that make jobs available return them
+// (Avail) and the caller announces them after the commit (Notify,
+// NotifyTx, or the insert's $11 for a quiet process's inline NOTIFY), so
+// they are coalesced and bounded in one place. The postings statements
+// here build in SQL are those that only the statement knows to send:
+//   - completion notices for Queue.Wait ({"done":id}), sent by every
+//     statement that ends a job someone waits for (the finish, the
+//     expired-lease sweep, cancels, failed and cancelled dependents);
+//   - cancel requests to the worker running a job ({"cancel":id});
+//   - the insert's scheduled posting ({"sched":true,"in":ms}), sent with
+//     the inline payloads.
+//
+// The schema's functions send some too: finish() its completion notices,
+// enqueue() the postings of the job it inserts. Every payload built in SQL
+// comes from one function, the schema's posting() (migration 0019, which
+// mirrors encodePosting; see postingSQL), never from json_build_object
+// or text written by hand: posting_sql_test.go in the root package holds
+// posting() to encodePosting, and TestPostingsBuiltByPostingFunction here
+// holds every statement to posting().
 package store
 
 import (
@@ -86,6 +103,15 @@ type Store struct {
 	nb      neighboursSQL
 }
 
+// postingSQL is the SQL expression of a posting's payload: a call of the
+// schema's posting() (migration 0019), the one definition of the payload
+// format in SQL, with args, its named arguments (p_type, p_tags, p_sched,
+// p_in_ms, p_cancel, p_done), e.g. "p_done => j.id". PostgreSQL inlines
+// the call, so it costs what the expression it stands for costs.
+func (s *Store) postingSQL(args string) string {
+	return pgx.Identifier{s.schema, "posting"}.Sanitize() + "(" + args + ")"
+}
+
 // ChannelName is the NOTIFY channel used for a schema.
 func ChannelName(schema string) string { return schema + ".backlog" }
 
@@ -151,7 +177,7 @@ func (s *Store) buildCore() {
 )
 SELECT a.n, a.avail, a.sched_ms,
        (SELECT count(*) FROM (SELECT pg_notify($10, p) FROM unnest($11::text[]) AS p WHERE a.avail > 0) n)
-     + (SELECT count(*) FROM (SELECT pg_notify($10, json_build_object('sched', true, 'in', greatest(a.sched_ms, 0))::text)
+     + (SELECT count(*) FROM (SELECT pg_notify($10, ` + s.postingSQL("p_sched => true, p_in_ms => greatest(a.sched_ms, 0)") + `)
                               WHERE a.sched_ms IS NOT NULL AND cardinality($11::text[]) > 0) s)
 FROM agg a`
 	// The same, with the jobs' concurrency keys ($12).

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/binary"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -53,35 +54,44 @@ func TestStatementsPrepare(t *testing.T) {
 	conn, err := pool.Acquire(context.Background())
 	require.NoError(t, err)
 	defer conn.Release()
-	n := 0
-	// Every string field of the statement structs is a statement.
-	var check func(v reflect.Value, path string)
-	check = func(v reflect.Value, path string) {
+	stmts := statements(s)
+	for _, name := range slices.Sorted(maps.Keys(stmts)) {
+		_, err := conn.Conn().Prepare(context.Background(), "", stmts[name])
+		require.NoError(t, err, "statement %s:\n%s", name, stmts[name])
+	}
+	require.Greater(t, len(stmts), 40)
+}
+
+// statements are every statement of s, by the path of its field (every
+// string field of the statement structs is a statement).
+func statements(s *Store) map[string]string {
+	out := map[string]string{}
+	var walk func(v reflect.Value, path string)
+	walk = func(v reflect.Value, path string) {
 		for i := range v.NumField() {
 			f, name := v.Field(i), path+v.Type().Field(i).Name
 			switch f.Kind() {
 			case reflect.Struct:
-				check(f, name+".")
+				walk(f, name+".")
 			case reflect.String:
-				_, err := conn.Conn().Prepare(context.Background(), "", f.String())
-				require.NoError(t, err, "statement %s:\n%s", name, f.String())
-				n++
+				out[name] = f.String()
 			}
 		}
 	}
-	check(reflect.ValueOf(s.sql), "sql.")
-	check(reflect.ValueOf(s.fin), "fin.")
-	check(reflect.ValueOf(s.graph), "graph.")
-	check(reflect.ValueOf(s.maint), "maint.")
-	check(reflect.ValueOf(s.hist), "hist.")
-	check(reflect.ValueOf(s.counts), "counts.")
-	check(reflect.ValueOf(s.control), "control.")
-	check(reflect.ValueOf(s.retry), "retry.")
-	check(reflect.ValueOf(s.in), "in.")
-	check(reflect.ValueOf(s.procs), "procs.")
-	check(reflect.ValueOf(s.sched), "sched.")
-	check(reflect.ValueOf(s.nb), "nb.")
-	require.Greater(t, n, 40)
+	walk(reflect.ValueOf(s.sql), "sql.")
+	walk(reflect.ValueOf(s.fin), "fin.")
+	walk(reflect.ValueOf(s.graph), "graph.")
+	walk(reflect.ValueOf(s.maint), "maint.")
+	walk(reflect.ValueOf(s.hist), "hist.")
+	walk(reflect.ValueOf(s.counts), "counts.")
+	walk(reflect.ValueOf(s.control), "control.")
+	walk(reflect.ValueOf(s.retry), "retry.")
+	walk(reflect.ValueOf(s.in), "in.")
+	walk(reflect.ValueOf(s.procs), "procs.")
+	walk(reflect.ValueOf(s.sched), "sched.")
+	walk(reflect.ValueOf(s.okeys), "okeys.")
+	walk(reflect.ValueOf(s.nb), "nb.")
+	return out
 }
 
 // TestClaimPlanStaysOnTheIndexes guards against the cached-plan trap: plans
