@@ -11,7 +11,8 @@ import (
 )
 
 // Tx is a transaction of yours that EnqueueTx, EnqueueManyTx and
-// InsertMany write in. It is one of:
+// InsertMany write in, and that backlogtest's …Tx assertions read through.
+// This is the one list of what it may be; it is one of:
 //
 //   - a pgx.Tx (pgx.Conn.Begin, pgxpool.Pool.Begin, pgx.BeginFunc, …);
 //   - a database/sql transaction on PostgreSQL: a *sql.Tx of any driver

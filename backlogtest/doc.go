@@ -8,7 +8,8 @@
 //   - RequireEnqueued, RequireEnqueuedTx, RequireNotEnqueued and
 //     RequireManyEnqueued assert what was enqueued (type, args, tags, keys,
 //     priority, run_at window, state); a failure lists what was enqueued
-//     instead. Args decodes a job's args into the application's type.
+//     instead. The …Tx forms read through a transaction of the
+//     application's, any that backlog.Tx lists (pgx.Tx, *sql.Tx, …). Args decodes a job's args into the application's type.
 //   - Work runs a handler on one given job, inline, through the same claim
 //     (under a lease token), outcome handling and fenced finish as
 //     Queue.Work, and returns the outcome and the recorded job.

@@ -93,8 +93,8 @@ func RequireEnqueued(ctx context.Context, t TB, q *backlog.Queue, typ string, wa
 // RequireEnqueuedTx is RequireEnqueued reading through tx, so that it sees
 // the jobs tx enqueued and has not committed yet (and, with REPEATABLE READ
 // or SERIALIZABLE, only what tx's snapshot shows). tx is any transaction
-// EnqueueTx takes (a backlog.Tx): a pgx.Tx, or a database/sql transaction
-// such as a *sql.Tx.
+// EnqueueTx takes: a pgx.Tx or a database/sql one, exactly as the doc of
+// backlog.Tx lists them; anything else fails t.
 func RequireEnqueuedTx(ctx context.Context, t TB, q *backlog.Queue, tx backlog.Tx, typ string, want *Want) *backlog.JobInfo {
 	t.Helper()
 	return requireEnqueued(ctx, t, q, txQuerier(t, "RequireEnqueuedTx", tx), typ, want)
