@@ -79,4 +79,71 @@
 // lock, so they are never exceeded, and a change applies to every process
 // at once. Jobs with concurrency keys are claimed round-robin across keys,
 // so one key's backlog does not hold up the others.
+//
+// # Limits and defaults
+//
+// Every limit on input and every default, in one place; each option's doc
+// states its own default too. Input over a limit is refused with an
+// [*InputError] naming the field, and nothing is written. The few a caller
+// may need in code are exported (named in brackets).
+//
+// Jobs:
+//
+//   - type, and a schedule's name: 1 to 200 bytes
+//   - tags: at most 32, each key and value at most 200 bytes, their JSON
+//     encoding at most 4,096 bytes (the same for [WorkerTags])
+//   - ordering, unique and concurrency keys: at most 255 bytes
+//   - args: at most 1 MiB encoded ([MaxArgsBytes])
+//   - result: at most 64 KiB encoded ([MaxResultBytes])
+//   - progress: at most 4 KiB encoded ([MaxProgressBytes])
+//   - metadata: at most 4,096 bytes as JSON ([MaxMetadataBytes])
+//   - [Priority]: 0, first, to 100, last ([MinPriority], [MaxPriority]);
+//     defaults to 0 ([DefaultPriority])
+//   - [MaxAttempts]: 1 to 1,000,000; defaults to 25 ([DefaultMaxAttempts])
+//   - [DependsOn]: at most 1,000 prerequisites
+//   - [RunAt]: within the years 1 to 9999; [Timeout]: 0 (none) or at least
+//     1 ms, stored in whole milliseconds (rounded up)
+//   - [CatchUp]: 1 to 1,000; defaults to 1
+//   - jobs in one [Queue.EnqueueMany], [Queue.EnqueueManyTx] or
+//     [Queue.InsertMany] call: at most 10,000 ([MaxBatchJobs])
+//   - text is valid UTF-8 without NUL bytes; JSON is what PostgreSQL's
+//     jsonb stores (README, "Configuration")
+//
+// The Queue ([New]):
+//
+//   - [WithSchema]: a plain identifier of at most 48 bytes; defaults to
+//     "backlog" ([DefaultSchema])
+//   - [WithLease]: at least 1 s; defaults to 30 s
+//   - [WithWorkerID]: at most 200 bytes; defaults to "hostname:pid:random"
+//   - [WithPollInterval]: 30 s; [WithPollJitter]: 3 s
+//   - [WithNotifyInterval]: 0
+//   - [WithSweepInterval]: 5 s
+//   - [WithCleanInterval]: 1 minute
+//   - [WithRetention]: 24 hours for completed jobs, 7 days for failed and
+//     cancelled ones; each at most 90 days
+//   - [WithRetryBackoff]: [DefaultBackoff] (1 s, doubling, capped at 1 h,
+//     ±50 % jitter)
+//
+// A Work call ([Queue.Work]):
+//
+//   - [Concurrency]: 100; [Prefetch]: 1,000; [GracePeriod]: 10 s
+//
+// Flow control ([Limit]):
+//
+//   - Concurrency, KeyConcurrency, Rate and Burst: at most 2^30
+//   - Per: whole milliseconds from 1 ms to 366 days
+//   - Burst: defaults to the starts of 100 ms at the rate, at least 1
+//
+// Reading:
+//
+//   - [Queue.List]: pages of 50 by default ([DefaultListLimit]), at most
+//     500 ([MaxListLimit]); [Filter].IDs at most 500
+//   - [Queue.Graph]: at most 100 prerequisites and 100 dependents listed,
+//     and the chain of the key at most 100; more dependents counted up to
+//     10,000 in each place they are found
+//   - [Queue.Stats]: finished jobs of the last 24 hours ([StatsWindow]);
+//     an open transaction older than [OldTransactionWarning] (1 minute) is
+//     logged
+//   - [Queue.Throughput]: minute counts kept for 2 hours, hour counts for
+//     90 days
 package backlog

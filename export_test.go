@@ -45,3 +45,18 @@ func ExtendForTest(ctx context.Context, q *Queue, id, token uuid.UUID) (bool, er
 // schedules table (and so when Schedules calls one stale: three times
 // that). Call it before Every or Cron.
 func SetScheduleConfirmForTest(q *Queue, d time.Duration) { q.sched.SetConfirmEvery(d) }
+
+// Limits and defaults the API keeps unexported, for the external tests
+// that probe them.
+const (
+	MaxLimit           = maxLimit
+	MaxTypeBytes       = maxTypeBytes
+	MaxTagBytes        = maxTagBytes
+	MaxTags            = maxTags
+	MaxTagsBytes       = maxTagsBytes
+	MaxKeyBytes        = maxKeyBytes
+	MaxDependsOn       = maxDependsOn
+	MaxAttemptsLimit   = maxAttemptsLimit
+	MaxGraphNeighbours = maxGraphNeighbours
+	DefaultPrefetch    = defaultPrefetch
+)

@@ -10,14 +10,15 @@ import (
 	"github.com/backlogq/backlog/internal/store"
 )
 
-// MaxGraphNeighbours bounds each list of a JobGraph.
-const MaxGraphNeighbours = 100
+// maxGraphNeighbours bounds each list of a JobGraph (its fields' docs
+// state the number).
+const maxGraphNeighbours = 100
 
-// MaxGraphCount bounds the counting of a job's dependents beyond the
-// MaxGraphNeighbours listed (JobGraph.MoreDependents): each place a
+// maxGraphCount bounds the counting of a job's dependents beyond the
+// maxGraphNeighbours listed (JobGraph.MoreDependents): each place a
 // dependent is found (pending edges, finished dependents, dependents it
 // cancelled) is counted up to this many.
-const MaxGraphCount = 10_000
+const maxGraphCount = 10_000
 
 // GraphNode is a job in a JobGraph.
 type GraphNode struct {
@@ -41,7 +42,7 @@ type JobGraph struct {
 	// Prerequisites are the jobs it depends on (DependsOn) and the job
 	// before it in its ordering key; Dependents the jobs that depend on it
 	// and the job after it in its key. Pending and finished alike, each
-	// with its state, by ID, at most MaxGraphNeighbours of each.
+	// with its state, by ID, at most 100 of each.
 	//
 	// What is known of an edge once its prerequisite has ended: a
 	// dependency that completed (recorded by the dependent); the
@@ -53,13 +54,13 @@ type JobGraph struct {
 	// listed Deleted; a removed dependent or key neighbour is not listed.
 	Prerequisites, Dependents []GraphNode
 	// MorePrerequisites and MoreDependents count the neighbours the lists
-	// leave out. When DependentsAtLeast, counting stopped at MaxGraphCount
+	// leave out. When DependentsAtLeast, counting stopped at 10,000
 	// and MoreDependents is a lower bound.
 	MorePrerequisites, MoreDependents int
 	DependentsAtLeast                 bool
 	// Chain is the live (blocked, scheduled, available, running) jobs of
 	// its ordering key in the order they run, oldest first (at most
-	// MaxGraphNeighbours); empty without an ordering key.
+	// 100); empty without an ordering key.
 	Chain []GraphNode
 }
 
@@ -68,12 +69,12 @@ type JobGraph struct {
 // ordering key. A finished job's graph is kept as long as the jobs are.
 // An unknown job returns ErrNotFound. It reads indexed rows only: a few
 // per neighbour listed, plus the counting of a large fan-out (bounded by
-// MaxGraphCount), whatever the number of finished jobs kept.
+// 10,000 a place), whatever the number of finished jobs kept.
 func (q *Queue) Graph(ctx context.Context, id uuid.UUID) (*JobGraph, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
-	n, err := q.store.Graph(ctx, id, MaxGraphNeighbours, MaxGraphCount)
+	n, err := q.store.Graph(ctx, id, maxGraphNeighbours, maxGraphCount)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}

@@ -52,7 +52,7 @@ func newInline(ctx context.Context, qa, ha, oa any) (testbridge.Inline, error) {
 		return nil, invalid("handler", "must not be a nil HandlerFunc")
 	}
 	opts, _ := oa.([]WorkOption)
-	cfg := workConfig{concurrency: 1, grace: DefaultGracePeriod}
+	cfg := workConfig{concurrency: 1, grace: defaultGracePeriod}
 	for _, o := range opts {
 		if o == nil {
 			return nil, invalid("options", "nil option")

@@ -11,7 +11,7 @@ import (
 
 // Limit is the flow control of one job type (SetLimit), enforced by the
 // claim statement across every process working the schema. Zero fields are
-// no limit.
+// no limit; Concurrency, KeyConcurrency, Rate and Burst are at most 2^30.
 //
 // Concurrency bounds the jobs of the type running at once; KeyConcurrency
 // bounds them per concurrency key (ConcurrencyKey; jobs without a key are
@@ -36,8 +36,8 @@ type Limit struct {
 	// Rate: at most this many job starts per Per. 0 (the default): no
 	// limit.
 	Rate int
-	// Per is the rate's period, at least a millisecond; required with
-	// Rate.
+	// Per is the rate's period, whole milliseconds from 1 ms to 366
+	// days; required with Rate.
 	Per time.Duration
 	// Burst: how many starts the rate allows at once after a quiet spell,
 	// at most Rate. Defaults to the starts of 100 ms at the rate, at least
@@ -55,10 +55,10 @@ type TypeLimit struct {
 	UpdatedAt time.Time
 }
 
-// Limits of what a limit may be.
+// Limits of what a limit may be (Limit's doc states them).
 const (
-	MaxLimit    = 1 << 30 // Concurrency, KeyConcurrency, Rate, Burst
-	MaxRatePer  = 366 * 24 * time.Hour
+	maxLimit    = 1 << 30 // Concurrency, KeyConcurrency, Rate, Burst
+	maxRatePer  = 366 * 24 * time.Hour
 	minRatePer  = time.Millisecond
 	defaultSpan = 100 * time.Millisecond // Burst's default: the starts of this span
 )
@@ -139,8 +139,8 @@ func validateLimit(l Limit) (Limit, error) {
 		name string
 		v    int
 	}{{"concurrency", l.Concurrency}, {"key concurrency", l.KeyConcurrency}, {"rate", l.Rate}, {"burst", l.Burst}} {
-		if f.v < 0 || f.v > MaxLimit {
-			return l, invalid(f.name, "must be in [1, %d], or 0 for none; got %d", MaxLimit, f.v)
+		if f.v < 0 || f.v > maxLimit {
+			return l, invalid(f.name, "must be in [1, %d], or 0 for none; got %d", maxLimit, f.v)
 		}
 	}
 	switch {
@@ -148,8 +148,8 @@ func validateLimit(l Limit) (Limit, error) {
 		return l, invalid("limit", "sets no limit (Concurrency, KeyConcurrency and Rate are 0); use RemoveLimit to remove one")
 	case l.Rate == 0 && (l.Per != 0 || l.Burst != 0 || l.RatePerKey):
 		return l, invalid("rate", "Per, Burst and RatePerKey need a Rate")
-	case l.Rate > 0 && (l.Per < minRatePer || l.Per > MaxRatePer):
-		return l, invalid("per", "the rate's period must be in [%s, %s], got %s", minRatePer, MaxRatePer, l.Per)
+	case l.Rate > 0 && (l.Per < minRatePer || l.Per > maxRatePer):
+		return l, invalid("per", "the rate's period must be in [%s, %s], got %s", minRatePer, maxRatePer, l.Per)
 	case l.Rate > 0 && l.Per%time.Millisecond != 0:
 		return l, invalid("per", "the rate's period must be whole milliseconds, got %s", l.Per)
 	case l.Burst > l.Rate:

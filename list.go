@@ -13,16 +13,17 @@ import (
 	"github.com/backlogq/backlog/internal/store"
 )
 
-// Listing limits.
+// Listing limits: a caller sizing its pages needs them.
 const (
 	// DefaultListLimit is the page size of List when Filter.Limit is 0.
 	DefaultListLimit = 50
 	// MaxListLimit is the largest page List returns.
 	MaxListLimit = 500
-	// MaxListIDs bounds Filter.IDs (a finished job is found by ID through
-	// a BRIN index, one lookup each).
-	MaxListIDs = MaxListLimit
 )
+
+// maxListIDs bounds Filter.IDs (a finished job is found by ID through a
+// BRIN index, one lookup each).
+const maxListIDs = MaxListLimit
 
 // Filter selects jobs for List and the bulk operations (RetryWhere,
 // CancelWhere, DeleteWhere). Every field narrows the selection; the zero
@@ -49,7 +50,7 @@ type Filter struct {
 	// FinishedAfter and FinishedBefore: jobs that finished in [after,
 	// before).
 	FinishedAfter, FinishedBefore time.Time
-	// IDs: only these jobs (at most MaxListIDs).
+	// IDs: only these jobs (at most 500, as many as MaxListLimit).
 	IDs []uuid.UUID
 }
 
@@ -152,7 +153,7 @@ func (f *Filter) query() (store.ListQuery, error) {
 	if err := validateKey("unique key", f.UniqueKey); err != nil {
 		return lq, err
 	}
-	if err := validateText("error contains", f.ErrorContains, MaxKeyBytes, true); err != nil {
+	if err := validateText("error contains", f.ErrorContains, maxKeyBytes, true); err != nil {
 		return lq, err
 	}
 	lq.OrderingKey, lq.UniqueKey, lq.ErrorContains = f.OrderingKey, f.UniqueKey, f.ErrorContains
@@ -164,8 +165,8 @@ func (f *Filter) query() (store.ListQuery, error) {
 		return lq, invalid("finished", "after (%s) must be before before (%s)", f.FinishedAfter, f.FinishedBefore)
 	}
 	lq.CreatedFrom, lq.CreatedTo, lq.FinishedFrom, lq.FinishedTo = f.CreatedAfter, f.CreatedBefore, f.FinishedAfter, f.FinishedBefore
-	if len(f.IDs) > MaxListIDs {
-		return lq, invalid("ids", "at most %d, got %d", MaxListIDs, len(f.IDs))
+	if len(f.IDs) > maxListIDs {
+		return lq, invalid("ids", "at most %d, got %d", maxListIDs, len(f.IDs))
 	}
 	lq.IDs = f.IDs
 	return lq, nil

@@ -84,7 +84,7 @@ func (q *Queue) Stats(ctx context.Context) (*Stats, error) {
 // Throughput returns how many jobs finished, per type and bucket, since
 // `since` (on the database clock): buckets of a minute or of an hour
 // (bucket must be a whole number of minutes). Minute counts are kept for
-// two hours, hour counts for MaxRetention; older buckets are empty.
+// two hours, hour counts for 90 days; older buckets are empty.
 func (q *Queue) Throughput(ctx context.Context, since time.Time, bucket time.Duration) ([]Throughput, error) {
 	if q.isClosed() {
 		return nil, ErrClosed

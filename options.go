@@ -9,22 +9,32 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Defaults of every option. Each option's doc repeats its default.
+// Defaults that callers may compare against or pass on (the package doc's
+// "Limits and defaults" lists every default; each option's doc states its
+// own).
 const (
-	DefaultSchema         = "backlog"
-	DefaultLease          = 30 * time.Second
-	DefaultPollInterval   = 30 * time.Second
-	DefaultPollJitter     = 3 * time.Second
-	DefaultNotifyInterval = time.Duration(0)
-	DefaultSweepInterval  = 5 * time.Second
-	DefaultConcurrency    = 100
-	DefaultPrefetch       = 1000
-	DefaultGracePeriod    = 10 * time.Second
-	DefaultMaxAttempts    = 25
-	DefaultPriority       = 0
-	DefaultCleanInterval  = time.Minute
-	DefaultKeepCompleted  = 24 * time.Hour
-	DefaultKeepFailed     = 7 * 24 * time.Hour
+	// DefaultSchema is the schema of a Queue without WithSchema, and of
+	// the backlog command without --schema.
+	DefaultSchema = "backlog"
+	// DefaultMaxAttempts is a job's MaxAttempts when not set.
+	DefaultMaxAttempts = 25
+	// DefaultPriority is a job's Priority when not set.
+	DefaultPriority = 0
+)
+
+// The other defaults, stated in the package doc and in each option's doc.
+const (
+	defaultLease          = 30 * time.Second
+	defaultPollInterval   = 30 * time.Second
+	defaultPollJitter     = 3 * time.Second
+	defaultNotifyInterval = time.Duration(0)
+	defaultSweepInterval  = 5 * time.Second
+	defaultConcurrency    = 100
+	defaultPrefetch       = 1000
+	defaultGracePeriod    = 10 * time.Second
+	defaultCleanInterval  = time.Minute
+	defaultKeepCompleted  = 24 * time.Hour
+	defaultKeepFailed     = 7 * 24 * time.Hour
 )
 
 // Option configures a Queue (see New). The With… functions return them.
@@ -74,12 +84,12 @@ func (cfg *config) validate() error {
 		return invalid("clean interval", "must be positive, got %s", cfg.cleanInterval)
 	case cfg.keepCompleted <= 0 || cfg.keepFailed <= 0:
 		return invalid("retention", "must be positive, got %s and %s", cfg.keepCompleted, cfg.keepFailed)
-	case cfg.keepCompleted > MaxRetention || cfg.keepFailed > MaxRetention:
+	case cfg.keepCompleted > maxRetention || cfg.keepFailed > maxRetention:
 		return invalid("retention", "must be at most 90 days, got %s and %s", cfg.keepCompleted, cfg.keepFailed)
 	case cfg.clock == nil:
 		return invalid("clock", "must not be nil")
 	}
-	if err := validateText("worker id", cfg.workerID, MaxWorkerIDBytes, true); err != nil {
+	if err := validateText("worker id", cfg.workerID, maxWorkerIDBytes, true); err != nil {
 		return err
 	}
 	return cfg.backoff.validate()
@@ -89,15 +99,15 @@ func defaultConfig() config {
 	return config{
 		schema:         DefaultSchema,
 		logger:         slog.Default(),
-		lease:          DefaultLease,
-		pollInterval:   DefaultPollInterval,
-		pollJitter:     DefaultPollJitter,
-		notifyInterval: DefaultNotifyInterval,
-		sweepInterval:  DefaultSweepInterval,
+		lease:          defaultLease,
+		pollInterval:   defaultPollInterval,
+		pollJitter:     defaultPollJitter,
+		notifyInterval: defaultNotifyInterval,
+		sweepInterval:  defaultSweepInterval,
 		backoff:        DefaultBackoff,
-		cleanInterval:  DefaultCleanInterval,
-		keepCompleted:  DefaultKeepCompleted,
-		keepFailed:     DefaultKeepFailed,
+		cleanInterval:  defaultCleanInterval,
+		keepCompleted:  defaultKeepCompleted,
+		keepFailed:     defaultKeepFailed,
 		clock:          time.Now,
 	}
 }
@@ -170,10 +180,10 @@ func WithSweepInterval(d time.Duration) Option {
 	return queueOption(func(c *config) { c.sweepInterval = d })
 }
 
-// MaxRetention is the longest retention WithRetention accepts: job_history
-// has a partition for every day of it ahead, and a lookup of a finished job
-// by ID probes each.
-const MaxRetention = 90 * 24 * time.Hour
+// maxRetention is the longest retention WithRetention accepts (90 days):
+// job_history has a partition for every day of it ahead, and a lookup of a
+// finished job by ID probes each.
+const maxRetention = 90 * 24 * time.Hour
 
 // WithRetention sets how long finished jobs are kept in job_history before
 // the cleaner drops them: completed ones for completed, failed and
@@ -182,7 +192,7 @@ const MaxRetention = 90 * 24 * time.Hour
 // at least its retention and at most a day longer; a change applies to jobs
 // that finish afterwards. periodic_runs rows are kept as long as failed
 // jobs, except each schedule's latest, which is always kept. Each must be
-// positive and at most MaxRetention. Defaults to 24 hours and 7 days.
+// positive and at most 90 days. Defaults to 24 hours and 7 days.
 func WithRetention(completed, failed time.Duration) Option {
 	return queueOption(func(c *config) { c.keepCompleted, c.keepFailed = completed, failed })
 }
@@ -255,8 +265,8 @@ func Delay(d time.Duration) EnqueueOption {
 	return enqueueFunc(func(c *enqueueConfig) { c.delay = d })
 }
 
-// MaxAttempts sets how many times the job may run before it fails. Must be
-// at least 1. Defaults to 25.
+// MaxAttempts sets how many times the job may run before it fails: from 1
+// to 1,000,000. Defaults to 25 (DefaultMaxAttempts).
 func MaxAttempts(n int) EnqueueOption {
 	return enqueueFunc(func(c *enqueueConfig) { c.maxAttempts = n })
 }
@@ -313,7 +323,8 @@ func ConcurrencyKey(key string) EnqueueOption {
 // Queue.Job and List return them. Several Metadata options merge, a later
 // value winning for the same key; they win over what the Enqueuing hook
 // returns. Keys must not be empty; keys and values must be valid UTF-8
-// without NUL bytes, and their JSON encoding at most MaxMetadataBytes.
+// without NUL bytes, and their JSON encoding at most MaxMetadataBytes
+// (4,096 bytes).
 // Defaults to none (the job's column is NULL).
 func Metadata(m map[string]string) EnqueueOption {
 	return enqueueFunc(func(c *enqueueConfig) {

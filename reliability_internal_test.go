@@ -48,7 +48,7 @@ func TestPostingsAreBounded(t *testing.T) {
 	for i := range 40 {
 		tags[strings.Repeat(string(rune('a'+i%26)), 150)+string(rune('A'+i))] = strings.Repeat("v", 200)
 	}
-	p := posting.Encode(posting.Posting{Type: strings.Repeat("t", MaxTypeBytes), Tags: tags, In: 5})
+	p := posting.Encode(posting.Posting{Type: strings.Repeat("t", maxTypeBytes), Tags: tags, In: 5})
 	require.LessOrEqual(t, len(p), posting.MaxBytes)
 	var back posting.Posting
 	require.NoError(t, json.Unmarshal([]byte(p), &back))

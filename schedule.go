@@ -15,8 +15,8 @@ import (
 	"github.com/backlogq/backlog/internal/store"
 )
 
-// MaxCatchUp bounds CatchUp.
-const MaxCatchUp = 1000
+// maxCatchUp bounds CatchUp (its doc states the number).
+const maxCatchUp = 1000
 
 // CatchUp, given to Every or Cron, enqueues up to n plans missed while no
 // process was running the schedule (the most recent ones). Must be in
@@ -78,7 +78,7 @@ func planCron(spec string) (periodic.Planner, error) {
 }
 
 func (q *Queue) addSchedule(name string, kind ScheduleKind, spec string, p periodic.Planner, typ string, args any, opts []EnqueueOption) error {
-	if err := validateText("schedule name", name, MaxTypeBytes, false); err != nil {
+	if err := validateText("schedule name", name, maxTypeBytes, false); err != nil {
 		return err
 	}
 	c := enqueueConfig{}
@@ -91,8 +91,8 @@ func (q *Queue) addSchedule(name string, kind ScheduleKind, spec string, p perio
 	if catchUp == 0 {
 		catchUp = 1
 	}
-	if catchUp < 1 || catchUp > MaxCatchUp {
-		return invalid("catch up", "must be in [1, %d], got %d", MaxCatchUp, c.catchUp)
+	if catchUp < 1 || catchUp > maxCatchUp {
+		return invalid("catch up", "must be in [1, %d], got %d", maxCatchUp, c.catchUp)
 	}
 	// CatchUp is the schedule's, not the job's: reset it for the job.
 	jobOpts := append(append([]EnqueueOption(nil), opts...), CatchUp(0))

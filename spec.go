@@ -136,8 +136,8 @@ func buildJob(s JobSpec) (store.GraphJob, error) {
 	switch {
 	case c.priority < MinPriority || c.priority > MaxPriority:
 		return store.GraphJob{}, invalid("priority", "%d is outside [%d, %d]", c.priority, MinPriority, MaxPriority)
-	case c.maxAttempts < 1 || c.maxAttempts > MaxAttemptsLimit:
-		return store.GraphJob{}, invalid("max attempts", "must be in [1, %d], got %d", MaxAttemptsLimit, c.maxAttempts)
+	case c.maxAttempts < 1 || c.maxAttempts > maxAttemptsLimit:
+		return store.GraphJob{}, invalid("max attempts", "must be in [1, %d], got %d", maxAttemptsLimit, c.maxAttempts)
 	case c.delay < 0:
 		return store.GraphJob{}, invalid("delay", "must not be negative, got %s", c.delay)
 	case c.runAt != nil && c.runAt.IsZero():
@@ -146,8 +146,8 @@ func buildJob(s JobSpec) (store.GraphJob, error) {
 		return store.GraphJob{}, invalid("run at", "%s is outside the years 1 to 9999", c.runAt.UTC().Format(time.RFC3339))
 	case c.catchUp != 0:
 		return store.GraphJob{}, invalid("catch up", "only for periodic jobs (Every, Cron)")
-	case len(c.dependsOn) > MaxDependsOn:
-		return store.GraphJob{}, invalid("depends on", "%d prerequisites exceeds the limit of %d", len(c.dependsOn), MaxDependsOn)
+	case len(c.dependsOn) > maxDependsOn:
+		return store.GraphJob{}, invalid("depends on", "%d prerequisites exceeds the limit of %d", len(c.dependsOn), maxDependsOn)
 	}
 	if err := validateMillis("timeout", c.timeout, 0); err != nil {
 		return store.GraphJob{}, err

@@ -9,23 +9,30 @@ import (
 	"unicode/utf8"
 )
 
-// Limits on input. Inputs over them are rejected with an *InputError.
+// Limits on input that callers may need to size or check their own input
+// against (the package doc's "Limits and defaults" lists every limit).
+// Inputs over them are rejected with an *InputError naming the field.
 const (
-	MaxTypeBytes     = 200       // length of a job type
-	MaxTagBytes      = 200       // length of a tag key or value
-	MaxTags          = 32        // tags per job or worker
-	MaxTagsBytes     = 4096      // the JSON encoding of one job's or worker's tags
-	MaxArgsBytes     = 1 << 20   // encoded args
-	MaxResultBytes   = 64 << 10  // encoded result (Job.SetResult)
-	MaxProgressBytes = 4 << 10   // encoded progress (Job.SetProgress)
-	MinPriority      = 0         // runs first
-	MaxPriority      = 100       // runs last
-	MaxKeyBytes      = 255       // length of an ordering, unique or concurrency key
-	MaxDependsOn     = 1000      // prerequisites of one job
-	MaxAttemptsLimit = 1_000_000 // the largest MaxAttempts
-	MaxBatchJobs     = 10_000    // jobs in one EnqueueMany, EnqueueManyTx or InsertMany call
-	MaxWorkerIDBytes = 200       // length of WithWorkerID
-	MaxMetadataBytes = 4096      // the JSON encoding of one job's metadata
+	MaxArgsBytes     = 1 << 20  // encoded args
+	MaxResultBytes   = 64 << 10 // encoded result (Job.SetResult)
+	MaxProgressBytes = 4 << 10  // encoded progress (Job.SetProgress)
+	MaxMetadataBytes = 4096     // the JSON encoding of one job's metadata
+	MinPriority      = 0        // runs first
+	MaxPriority      = 100      // runs last
+	MaxBatchJobs     = 10_000   // jobs in one EnqueueMany, EnqueueManyTx or InsertMany call
+)
+
+// The other limits on input, stated in the package doc ("Limits and
+// defaults") and in the docs of the options they bound.
+const (
+	maxTypeBytes     = 200       // length of a job type or schedule name
+	maxTagBytes      = 200       // length of a tag key or value
+	maxTags          = 32        // tags per job or worker
+	maxTagsBytes     = 4096      // the JSON encoding of one job's or worker's tags
+	maxKeyBytes      = 255       // length of an ordering, unique or concurrency key
+	maxDependsOn     = 1000      // prerequisites of one job
+	maxAttemptsLimit = 1_000_000 // the largest MaxAttempts
+	maxWorkerIDBytes = 200       // length of WithWorkerID
 )
 
 var schemaRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,47}$`)
@@ -46,24 +53,24 @@ func validateText(field, s string, maxLen int, emptyOK bool) error {
 	return nil
 }
 
-func validateType(t string) error { return validateText("type", t, MaxTypeBytes, false) }
+func validateType(t string) error { return validateText("type", t, maxTypeBytes, false) }
 
 // validateKey checks an ordering, unique or concurrency key ("" means none).
-func validateKey(field, k string) error { return validateText(field, k, MaxKeyBytes, true) }
+func validateKey(field, k string) error { return validateText(field, k, maxKeyBytes, true) }
 
 // validateTags checks a job's or worker's tags: each key and value, their
 // number, and the size of their JSON encoding (which postings carry).
 func validateTags(field string, tags map[string]string) error {
-	if len(tags) > MaxTags {
-		return invalid(field, "%d tags exceeds the limit of %d", len(tags), MaxTags)
+	if len(tags) > maxTags {
+		return invalid(field, "%d tags exceeds the limit of %d", len(tags), maxTags)
 	}
 	size := 2
 	for k, v := range tags {
 		switch {
 		case k == "":
 			return invalid(field, "empty tag key")
-		case len(k) > MaxTagBytes || len(v) > MaxTagBytes:
-			return invalid(field, "tag %q: key and value must be at most %d bytes", k, MaxTagBytes)
+		case len(k) > maxTagBytes || len(v) > maxTagBytes:
+			return invalid(field, "tag %q: key and value must be at most %d bytes", k, maxTagBytes)
 		case strings.IndexByte(k, 0) >= 0:
 			return invalid(field, "tag key %q contains a NUL byte", k)
 		case strings.IndexByte(v, 0) >= 0:
@@ -75,8 +82,8 @@ func validateTags(field string, tags map[string]string) error {
 		vb, _ := json.Marshal(v)
 		size += len(kb) + len(vb) + 2
 	}
-	if size > MaxTagsBytes {
-		return invalid(field, "%d bytes of tags (JSON) exceeds the %d-byte limit", size, MaxTagsBytes)
+	if size > maxTagsBytes {
+		return invalid(field, "%d bytes of tags (JSON) exceeds the %d-byte limit", size, maxTagsBytes)
 	}
 	return nil
 }

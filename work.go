@@ -38,7 +38,7 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	if f, ok := h.(HandlerFunc); ok && f == nil {
 		return invalid("handler", "must not be a nil HandlerFunc")
 	}
-	cfg := workConfig{concurrency: DefaultConcurrency, prefetch: DefaultPrefetch, grace: DefaultGracePeriod}
+	cfg := workConfig{concurrency: defaultConcurrency, prefetch: defaultPrefetch, grace: defaultGracePeriod}
 	for _, o := range opts {
 		if o == nil {
 			return invalid("options", "nil option")

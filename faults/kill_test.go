@@ -196,7 +196,7 @@ func TestWorkerProcessesKilled(t *testing.T) {
 		jobs    = 20000
 		workers = 3
 		lease   = 2 * time.Second
-		sweep   = backlog.DefaultSweepInterval // the sweep times itself to the earliest lease expiry
+		sweep   = 5 * time.Second // WithSweepInterval's default; the sweep times itself to the earliest lease expiry
 		conc    = 4
 	)
 	e := newFEnv(t)

@@ -117,7 +117,7 @@ func TestLimitsBadUsage(t *testing.T) {
 		{[]string{"limit", "set", "", "--concurrency", "1"}, "invalid type"},
 		{[]string{"limit", "remove"}, "accepts 1 arg(s)"},
 		{[]string{"limit", "remove", ""}, "invalid type"},
-		{[]string{"enqueue", "t", "--concurrency-key", strings.Repeat("k", backlog.MaxKeyBytes+1)}, "invalid concurrency key"},
+		{[]string{"enqueue", "t", "--concurrency-key", strings.Repeat("k", 256)}, "invalid concurrency key"}, // keys are at most 255 bytes,
 	} {
 		out, errs, code := c.run(tc.args...)
 		c.checkFail(tc.args, out, errs, code, 2, tc.want)

@@ -14,6 +14,10 @@ import (
 
 // TestShowGraph: show prints the graph around a job, finished neighbours
 // with their final states, and counts what a long list leaves out.
+// graphNeighbours is how many jobs Queue.Graph lists on each side (the
+// JobGraph doc's 100).
+const graphNeighbours = 100
+
 func TestShowGraph(t *testing.T) {
 	t.Parallel()
 	c := migrated(t)
@@ -33,7 +37,7 @@ func TestShowGraph(t *testing.T) {
 	later := enq("load", backlog.DependsOn(b)) // never worked
 	f := enq("charge", backlog.MaxAttempts(1))
 	g := enq("receipt", backlog.DependsOn(f))
-	specs := make([]backlog.JobSpec, backlog.MaxGraphNeighbours+3)
+	specs := make([]backlog.JobSpec, graphNeighbours+3)
 	for i := range specs {
 		specs[i] = backlog.JobSpec{Type: "load", Options: []backlog.EnqueueOption{backlog.DependsOn(a)}}
 	}
@@ -107,7 +111,7 @@ xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx  load  available  depends
 		t.Fatalf("show of a prerequisite of 104 jobs does not count the ones left out:\n%s", out)
 	}
 	c.json(&show, "show", a.String())
-	if len(show.Dependents) != backlog.MaxGraphNeighbours || show.MoreDependents != 4 || show.MoreDependentsAtLeast {
+	if len(show.Dependents) != graphNeighbours || show.MoreDependents != 4 || show.MoreDependentsAtLeast {
 		t.Fatalf("show --json of the fan-out: %d dependents, %d more (at least: %v)", len(show.Dependents), show.MoreDependents,
 			show.MoreDependentsAtLeast)
 	}

@@ -86,7 +86,7 @@ func runFlow(ctx context.Context, env *benchEnv, k kind, res *results) {
 	} else {
 		res.add("flow.rate", k.key, n)
 	}
-	res.note("flow: burn-downs of no-op jobs at backlog's defaults (Concurrency %d); each variant in a fresh schema, %d jobs, %d run(s), medians.", backlog.DefaultConcurrency, jobs, env.cfg.runs)
+	res.note("flow: burn-downs of no-op jobs at backlog's defaults (Concurrency %d); each variant in a fresh schema, %d jobs, %d run(s), medians.", backlogConcurrency, jobs, env.cfg.runs)
 }
 
 // flowQueue opens a queue on a fresh schema; close drops it.

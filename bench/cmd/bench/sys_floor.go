@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/backlogq/backlog"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -44,7 +43,7 @@ func (s *floorSys) Start(_ context.Context, _ workSpec) error {
 		s.wg.Go(func() {
 			fs := make([]store.Finish, 0, batch)
 			for ctx.Err() == nil {
-				claimed, err := st.Claim(ctx, types, tags, batch, batch, backlog.DefaultLease, "floor")
+				claimed, err := st.Claim(ctx, types, tags, batch, batch, backlogLease, "floor")
 				if err != nil {
 					s.fail(ctx, fmt.Errorf("floor claim: %w", err))
 					continue

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/backlogq/backlog"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 )
@@ -85,13 +84,22 @@ type kind struct {
 	skip    string // why the column is skipped; empty: it runs
 }
 
+// backlog's defaults, as its package doc ("Limits and defaults") states
+// them: the "backlog default" column runs with them (it sets none), the
+// raw SQL floor leases for as long, and the notes name them.
+const (
+	backlogConcurrency    = 100
+	backlogNotifyInterval = time.Duration(0)
+	backlogLease          = 30 * time.Second
+)
+
 func allKinds(cfg *config) []kind {
 	all := map[string]bool{"burndown": true, "steady": true, "latency": true, "idle": true, "flow": true}
 	rt := &nodeRuntime{}
 	return []kind{
 		{key: "backlog", label: "backlog default", workloads: all,
 			note: fmt.Sprintf("backlog: backlog.New(ctx, pool, backlog.WithSchema(s)) and Work(ctx, h, backlog.Types(%q)); every other setting at its default (Concurrency %d, LISTEN/NOTIFY, notify interval %s, lease %s).",
-				benchType, backlog.DefaultConcurrency, backlog.DefaultNotifyInterval, backlog.DefaultLease),
+				benchType, backlogConcurrency, backlogNotifyInterval, backlogLease),
 			new: func(e *benchEnv, s string) system { return newBacklog(e, s) }},
 		{key: "river", label: "River default", workloads: all,
 			note: fmt.Sprintf("River default: one queue with MaxWorkers %d (River requires a number; 100 is the value its docs use), FetchCooldown %s and FetchPollInterval %s (its defaults). Both River columns run in their own schema through Config.Schema and rivermigrate's Config.Schema (no search_path), insert with Insert / InsertManyFast, and log warnings to stderr.",

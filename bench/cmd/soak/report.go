@@ -13,6 +13,14 @@ import (
 	"github.com/backlogq/backlog"
 )
 
+// backlog's defaults, as its package doc ("Limits and defaults") states
+// them: the soak's Work call sets none, and the report names them.
+const (
+	backlogConcurrency = 100
+	backlogPrefetch    = 1000
+	backlogLease       = 30 * time.Second
+)
+
 func describeVacuum(info *runInfo, cfg *config) string {
 	av := info.av
 	switch info.vacuumMode {
@@ -70,7 +78,7 @@ func render(cfg *config, info *runInfo, results []*phaseResult) string {
 	fmt.Fprintf(&b, "- backlog: %s\n", info.backlog)
 	fmt.Fprintf(&b, "- Workload: %s jobs/s enqueued by %d producer goroutines sharing one schedule (EnqueueMany of %d every %s; a batch that goes out late is sent at once, so the rate holds while they can catch up); "+
 		"`Work(ctx, h)` with every option at its default (concurrency %d, prefetch %d, lease %s) and a no-op handler; one Queue and one pgxpool (MaxConns %d) for producers and workers; a fresh schema per phase; %s per phase.\n",
-		fmtInt(cfg.rate), cfg.producers, cfg.batch, cfg.interval(), backlog.DefaultConcurrency, backlog.DefaultPrefetch, backlog.DefaultLease, cfg.pool, cfg.duration)
+		fmtInt(cfg.rate), cfg.producers, cfg.batch, cfg.interval(), backlogConcurrency, backlogPrefetch, backlogLease, cfg.pool, cfg.duration)
 	fmt.Fprintf(&b, "- Vacuum: %s\n", info.vacuumText)
 	fmt.Fprintf(&b, "- Sampled every %s: completed jobs (the Finished hook, outcome completed: the handler returned and the outcome is on its way to the database), enqueued jobs (EnqueueMany returned), "+
 		"queue depth (`count(*)` of available rows in jobs), sizes (pg_relation_size of jobs and of each index, pg_total_relation_size), n_dead_tup and vacuum counts of jobs (pg_stat_user_tables), "+
