@@ -33,6 +33,43 @@ var (
 // bulkPage is how many jobs a bulk action handles per batch.
 const bulkPage = 500
 
+// Cancel cancels a job and returns its state after the call:
+//
+//   - StateCancelled: the job was blocked or available and is cancelled now;
+//     its dependents are cancelled too.
+//   - StateRunning: the job is running; its handler's context is cancelled
+//     (cause ErrCancelled) within moments (a NOTIFY to the process holding
+//     it, with the heartbeat as backup), and it ends cancelled unless it
+//     completes first.
+//   - StateCompleted, StateFailed or StateCancelled of a job that had
+//     already finished: nothing changed.
+//
+// An unknown ID returns ErrNotFound.
+func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (State, error) {
+	if q.isClosed() {
+		return "", ErrClosed
+	}
+	out, err := q.store.Cancel(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", fmt.Errorf("job %s: %w", id, ErrNotFound)
+	}
+	if errors.Is(err, store.ErrGraphContention) {
+		return "", &retryableError{err: fmt.Errorf("cancelling job %s: %w", id, err)}
+	}
+	if err != nil {
+		return "", q.readErr(ctx, fmt.Errorf("cancelling job %s: %w", id, err))
+	}
+	q.announce.committed(posting.OfAvail(out.Avail))
+	if out.State == string(StateCancelled) {
+		q.maint.RetireSoon() // written in place, with its dependents
+	}
+	if out.Requested {
+		// In poll-only mode no NOTIFY arrives; stop a local handler now.
+		q.leases.cancel(id)
+	}
+	return State(out.State), nil
+}
+
 // Retry runs a finished (completed, failed or cancelled) job again and
 // returns its new state: available, due now, or blocked when it must
 // wait: behind the live jobs of its ordering key (at the end of its key's

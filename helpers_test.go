@@ -5,10 +5,13 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -149,4 +152,56 @@ func (e *env) waitCount(where string, want int, within time.Duration) {
 		}
 		<-tick.C
 	}
+}
+
+// stmtTracer records the SQL of every statement a pool runs.
+type stmtTracer struct {
+	mu   sync.Mutex
+	sqls []string
+}
+
+func (t *stmtTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	t.mu.Lock()
+	t.sqls = append(t.sqls, d.SQL)
+	t.mu.Unlock()
+	return ctx
+}
+
+func (t *stmtTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// mark returns how many statements ran so far.
+func (t *stmtTracer) mark() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.sqls)
+}
+
+// since returns the statements run after mark m that contain sub.
+func (t *stmtTracer) since(m int, sub string) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for _, s := range t.sqls[m:] {
+		if strings.Contains(s, sub) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// tracedEnv is newEnv on a pool of its own whose statements are recorded.
+func tracedEnv(t *testing.T, opts ...backlog.Option) (*env, *stmtTracer) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 8
+	tr := &stmtTracer{}
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	e := &env{t: t, pool: pool, schema: testdb.Schema(t)}
+	e.q = e.queue(pool, opts...)
+	require.NoError(t, e.q.Migrate(context.Background()))
+	return e, tr
 }

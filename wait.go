@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -13,43 +14,6 @@ import (
 	"github.com/backlogq/backlog/internal/run"
 	"github.com/backlogq/backlog/internal/store"
 )
-
-// Cancel cancels a job and returns its state after the call:
-//
-//   - StateCancelled: the job was blocked or available and is cancelled now;
-//     its dependents are cancelled too.
-//   - StateRunning: the job is running; its handler's context is cancelled
-//     (cause ErrCancelled) within moments (a NOTIFY to the process holding
-//     it, with the heartbeat as backup), and it ends cancelled unless it
-//     completes first.
-//   - StateCompleted, StateFailed or StateCancelled of a job that had
-//     already finished: nothing changed.
-//
-// An unknown ID returns ErrNotFound.
-func (q *Queue) Cancel(ctx context.Context, id uuid.UUID) (State, error) {
-	if q.isClosed() {
-		return "", ErrClosed
-	}
-	out, err := q.store.Cancel(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return "", fmt.Errorf("job %s: %w", id, ErrNotFound)
-	}
-	if errors.Is(err, store.ErrGraphContention) {
-		return "", &retryableError{err: fmt.Errorf("cancelling job %s: %w", id, err)}
-	}
-	if err != nil {
-		return "", q.readErr(ctx, fmt.Errorf("cancelling job %s: %w", id, err))
-	}
-	q.announce.committed(posting.OfAvail(out.Avail))
-	if out.State == string(StateCancelled) {
-		q.maint.RetireSoon() // written in place, with its dependents
-	}
-	if out.Requested {
-		// In poll-only mode no NOTIFY arrives; stop a local handler now.
-		q.leases.cancel(id)
-	}
-	return State(out.State), nil
-}
 
 // Wait blocks until the job reaches a terminal state and returns its
 // record, or returns ctx's error. A nil error means the wait succeeded, not
@@ -131,5 +95,48 @@ func (q *Queue) markWaiting(ctx context.Context, id uuid.UUID) (store.Waiting, e
 			return w, err
 		case <-t.C:
 		}
+	}
+}
+
+// waiters maps job IDs to the Wait calls of this process.
+type waiters struct {
+	mu sync.Mutex
+	m  map[uuid.UUID][]chan struct{}
+}
+
+func (w *waiters) add(id uuid.UUID) chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.m == nil {
+		w.m = map[uuid.UUID][]chan struct{}{}
+	}
+	ch := make(chan struct{}, 1)
+	w.m[id] = append(w.m[id], ch)
+	return ch
+}
+
+func (w *waiters) remove(id uuid.UUID, ch chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	list := w.m[id]
+	for i, c := range list {
+		if c == ch {
+			list = append(list[:i:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(w.m, id)
+	} else {
+		w.m[id] = list
+	}
+}
+
+// wake signals every Wait call for id (never blocks).
+func (w *waiters) wake(id uuid.UUID) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ch := range w.m[id] {
+		run.Wake(ch)
 	}
 }
