@@ -24,6 +24,7 @@ import (
 	"github.com/backlogq/backlog/internal/posting"
 	"github.com/backlogq/backlog/internal/registry"
 	"github.com/backlogq/backlog/internal/store"
+	"github.com/backlogq/backlog/internal/waiters"
 	"github.com/backlogq/backlog/migrations"
 )
 
@@ -48,7 +49,7 @@ type Queue struct {
 	maint    *maintain.Service
 	sched    *periodic.Scheduler
 
-	waiters  waiters
+	waiters  waiters.Set
 	migrated atomic.Bool // the schema was found migrated
 
 	mu      sync.Mutex
@@ -102,7 +103,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	// q.announce, which is set before New returns, so before anything can
 	// be announced.
 	q.maint = maintain.New(q.store, maintain.Config{PollInterval: cfg.pollInterval, SweepInterval: cfg.sweepInterval,
-		CleanInterval: cfg.cleanInterval, KeepFailed: cfg.keepFailed, Retention: maxRetention, OldTransaction: OldTransactionWarning},
+		CleanInterval: cfg.cleanInterval, KeepFailed: cfg.keepFailed, Retention: maxRetention},
 		log, q.faults, q.committed)
 	q.comp = complete.New(q.store, complete.Config{Lease: cfg.lease, Announce: q.committed,
 		InPlace: q.maint.RetireSoon, Moved: q.maint.FinishedSome}, log, q.faults)
@@ -114,7 +115,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 		notif := newNotifier(cfg.notifyInterval, log, q.faults, q.store)
 		src := randomHex(4)
 		q.announce = &notifyAnnouncer{store: q.store, notif: notif, acq: q.acq, src: src}
-		q.listen = newListener(cfg.listenConn, q.pool, q.store.Channel(), src, q.acq, q.leases.cancel, q.waiters.wake, log, q.faults)
+		q.listen = newListener(cfg.listenConn, q.pool, q.store.Channel(), src, q.acq, q.leases.cancel, q.waiters.Wake, log, q.faults)
 	}
 	q.sched = periodic.New(q.store, q.pool, periodic.Config{Clock: cfg.clock, Announce: q.committed}, log, q.faults)
 	return q, nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/backlogq/backlog/internal/maintain"
 	"github.com/backlogq/backlog/internal/store"
 )
 
@@ -168,8 +169,9 @@ func (q *Queue) Throughput(ctx context.Context, since time.Time, bucket time.Dur
 }
 
 // OldTransactionWarning is the age past which an open transaction is
-// reported in the log (every clean interval while it stays open).
-const OldTransactionWarning = time.Minute
+// reported in the log (every clean interval while it stays open): one
+// minute.
+const OldTransactionWarning = maintain.OldTransaction
 
 // OldTransaction is an open transaction that holds back the cleanup of dead
 // rows in the queue's database.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -27,9 +26,9 @@ func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 		return nil, ErrClosed
 	}
 	q.startLocked(q.listen.start)
-	ch := q.waiters.add(id)
+	ch := q.waiters.Add(id)
 	q.mu.Unlock()
-	defer q.waiters.remove(id, ch)
+	defer q.waiters.Remove(id, ch)
 
 	w, err := q.markWaiting(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
@@ -95,48 +94,5 @@ func (q *Queue) markWaiting(ctx context.Context, id uuid.UUID) (store.Waiting, e
 			return w, err
 		case <-t.C:
 		}
-	}
-}
-
-// waiters maps job IDs to the Wait calls of this process.
-type waiters struct {
-	mu sync.Mutex
-	m  map[uuid.UUID][]chan struct{}
-}
-
-func (w *waiters) add(id uuid.UUID) chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.m == nil {
-		w.m = map[uuid.UUID][]chan struct{}{}
-	}
-	ch := make(chan struct{}, 1)
-	w.m[id] = append(w.m[id], ch)
-	return ch
-}
-
-func (w *waiters) remove(id uuid.UUID, ch chan struct{}) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	list := w.m[id]
-	for i, c := range list {
-		if c == ch {
-			list = append(list[:i:i], list[i+1:]...)
-			break
-		}
-	}
-	if len(list) == 0 {
-		delete(w.m, id)
-	} else {
-		w.m[id] = list
-	}
-}
-
-// wake signals every Wait call for id (never blocks).
-func (w *waiters) wake(id uuid.UUID) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, ch := range w.m[id] {
-		run.Wake(ch)
 	}
 }

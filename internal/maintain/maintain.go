@@ -91,10 +91,11 @@ type Config struct {
 	// Retention is the longest retention of any state: counts are rolled
 	// up past it.
 	Retention time.Duration
-	// OldTransaction is the age past which the cleaner warns of the
-	// oldest open transaction.
-	OldTransaction time.Duration
 }
+
+// OldTransaction is the age past which the cleaner warns of the oldest
+// open transaction (the Queue's OldTransactionWarning).
+const OldTransaction = time.Minute
 
 // New returns the service; announce announces jobs the promoter or the
 // Sweep made available.
@@ -371,11 +372,11 @@ func (m *Service) cleanPass(ctx context.Context) {
 }
 
 // warnOldTransaction logs the oldest open transaction of the database when
-// it is older than cfg.OldTransaction: it keeps PostgreSQL from cleaning
+// it is older than OldTransaction: it keeps PostgreSQL from cleaning
 // up dead job rows, and claims slow down while they pile up.
 func (m *Service) warnOldTransaction(ctx context.Context) {
 	s, err := m.store.OldestSnapshot(ctx)
-	if err != nil || s == nil || s.Age < m.cfg.OldTransaction {
+	if err != nil || s == nil || s.Age < OldTransaction {
 		return
 	}
 	m.log.Warn("backlog: an old transaction holds back the cleanup of dead job rows; claims slow down until it ends",
