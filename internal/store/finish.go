@@ -60,6 +60,35 @@ type FinishResult struct {
 	Avail  []Avail              // dependents the finishes made available
 }
 
+// extendStatement is the lease renewal, writing each job's progress ($4)
+// too when progress. It skips rows another transaction holds (being
+// finished, typically): it never waits, so it cannot deadlock with a
+// finish or be held up by one, and it reports those rows as busy rather
+// than lost.
+func (s *Store) extendStatement(progress bool) string {
+	params, cols := "$1::uuid[], $2::uuid[]", "id, token"
+	set, from := "lease_expires_at = now() + $3 * interval '1 millisecond'", "l WHERE j.id = l.id"
+	if progress {
+		params, cols = params+", $4::jsonb[]", cols+", progress"
+		set, from = set+", progress = COALESCE(t.progress, j.progress)", "l JOIN t ON t.id = l.id WHERE j.id = l.id"
+	}
+	return `WITH t AS (
+	SELECT * FROM unnest(` + params + `) AS t(` + cols + `)
+), l AS (
+	SELECT j.id FROM ` + s.jobs + ` j JOIN t ON j.id = t.id
+	WHERE j.lease_token = t.token AND j.state = 'running'
+	ORDER BY j.id FOR NO KEY UPDATE OF j SKIP LOCKED
+), u AS (
+	UPDATE ` + s.jobs + ` j SET ` + set + `
+	FROM ` + from + `
+	RETURNING j.id, j.cancel_requested
+)
+SELECT u.id, u.cancel_requested, true FROM u
+UNION ALL
+SELECT j.id, false, false FROM ` + s.jobs + ` j JOIN t ON j.id = t.id
+WHERE j.lease_token = t.token AND j.state = 'running' AND j.id NOT IN (SELECT id FROM u)`
+}
+
 func (s *Store) buildFinish() {
 	f := &s.fin
 	// The finish: fenced by id, lease token and state; a cancel request
@@ -110,36 +139,13 @@ WHERE e.prereq = ANY($1::uuid[]) AND p.state IN ('completed', 'failed', 'cancell
 	f.held = `SELECT j.id FROM ` + s.jobs + ` j JOIN unnest($1::uuid[], $2::uuid[]) AS t(id, token) ON j.id = t.id
 WHERE j.lease_token = t.token AND j.state = 'running'`
 
-	// Lease renewal skips rows another transaction holds (being finished,
-	// typically): it never waits, so it cannot deadlock with a finish or be
-	// held up by one, and it reports those rows as busy rather than lost.
-	f.extend = `WITH t AS (
-	SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS t(id, token)
-), l AS (
-	SELECT j.id FROM ` + s.jobs + ` j JOIN t ON j.id = t.id
-	WHERE j.lease_token = t.token AND j.state = 'running'
-	ORDER BY j.id FOR NO KEY UPDATE OF j SKIP LOCKED
-), u AS (
-	UPDATE ` + s.jobs + ` j SET lease_expires_at = now() + $3 * interval '1 millisecond'
-	FROM l WHERE j.id = l.id
-	RETURNING j.id, j.cancel_requested
-)
-SELECT u.id, u.cancel_requested, true FROM u
-UNION ALL
-SELECT j.id, false, false FROM ` + s.jobs + ` j JOIN t ON j.id = t.id
-WHERE j.lease_token = t.token AND j.state = 'running' AND j.id NOT IN (SELECT id FROM u)`
+	// Lease renewal (extendStatement).
+	f.extend = s.extendStatement(false)
 	// The same, writing each job's latest progress ($4; NULL: unchanged)
 	// with its renewal: only when a job reported progress since the last
 	// renewal, so that the renewal of jobs that report none stays as it
 	// was.
-	f.extendProgress = strings.NewReplacer(
-		"unnest($1::uuid[], $2::uuid[]) AS t(id, token)", "unnest($1::uuid[], $2::uuid[], $4::jsonb[]) AS t(id, token, progress)",
-		"SET lease_expires_at = now() + $3 * interval '1 millisecond'\n\tFROM l WHERE j.id = l.id",
-		"SET lease_expires_at = now() + $3 * interval '1 millisecond', progress = COALESCE(t.progress, j.progress)\n\tFROM l JOIN t ON t.id = l.id WHERE j.id = l.id",
-	).Replace(f.extend)
-	if strings.Count(f.extendProgress, "progress") != 4 {
-		panic("store: the lease renewal statement changed; rebuild extendProgress")
-	}
+	f.extendProgress = s.extendStatement(true)
 
 	// The expired-lease sweep: back to available keeping run_at (ahead of
 	// jobs due later), failed once attempts are used up, cancelled when a

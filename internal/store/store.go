@@ -43,7 +43,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -154,21 +153,25 @@ func (s *Store) Channel() string { return s.channel }
 // Pool is the pool the store runs on.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
-func (s *Store) buildCore() {
-	// A job due later (by the database clock) is inserted scheduled: the
-	// promoter makes it available when it is due. The statement reports
-	// how many jobs it made available and when the earliest scheduled one
-	// is due, and, when $11 holds payloads (a quiet process's inline
-	// NOTIFY), sends them if a job was made available, and a scheduled
-	// posting if one was scheduled.
-	s.sql.insert = `WITH ins AS (
-	INSERT INTO ` + s.jobs + ` (id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state)
+// insertStatement is the insert of a batch of jobs, with their
+// concurrency keys ($12) when keyed, and their metadata ($13) too when
+// meta.
+func (s *Store) insertStatement(keyed, meta bool) string {
+	var cols, sel, from, params string
+	if keyed {
+		cols, sel, from, params = ", concurrency_key", ", t.concurrency_key", ", u.concurrency_key", ", $12::text[]"
+	}
+	if meta {
+		cols, sel, from, params = cols+", meta", sel+", t.meta", from+", u.meta", params+", $13::jsonb[]"
+	}
+	return `WITH ins AS (
+	INSERT INTO ` + s.jobs + ` (id, type, args, tags, priority, run_at, max_attempts, timeout_ms, state` + cols + `)
 	SELECT t.id, t.type, t.args, t.tags, t.priority, t.run_at, t.max_attempts, t.timeout_ms,
-	       CASE WHEN t.run_at > now() THEN 'scheduled' ELSE 'available' END
+	       CASE WHEN t.run_at > now() THEN 'scheduled' ELSE 'available' END` + sel + `
 	FROM (SELECT u.id, u.type, u.args, u.tags, u.priority, COALESCE(u.run_at, now() + u.delay_ms * interval '1 millisecond') AS run_at,
-	             u.max_attempts, u.timeout_ms
-	      FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::jsonb[], $5::smallint[], $6::timestamptz[], $7::bigint[], $8::integer[], $9::bigint[])
-	           AS u(id, type, args, tags, priority, run_at, delay_ms, max_attempts, timeout_ms)) t
+	             u.max_attempts, u.timeout_ms` + from + `
+	      FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::jsonb[], $5::smallint[], $6::timestamptz[], $7::bigint[], $8::integer[], $9::bigint[]` + params + `)
+	           AS u(id, type, args, tags, priority, run_at, delay_ms, max_attempts, timeout_ms` + cols + `)) t
 	RETURNING state, run_at
 ), agg AS (
 	SELECT count(*) AS n, count(*) FILTER (WHERE state = 'available') AS avail,
@@ -180,26 +183,21 @@ SELECT a.n, a.avail, a.sched_ms,
      + (SELECT count(*) FROM (SELECT pg_notify($10, ` + s.postingSQL("p_sched => true, p_in_ms => greatest(a.sched_ms, 0)") + `)
                               WHERE a.sched_ms IS NOT NULL AND cardinality($11::text[]) > 0) s)
 FROM agg a`
+}
+
+func (s *Store) buildCore() {
+	// A job due later (by the database clock) is inserted scheduled: the
+	// promoter makes it available when it is due. The statement reports
+	// how many jobs it made available and when the earliest scheduled one
+	// is due, and, when $11 holds payloads (a quiet process's inline
+	// NOTIFY), sends them if a job was made available, and a scheduled
+	// posting if one was scheduled.
+	s.sql.insert = s.insertStatement(false, false)
 	// The same, with the jobs' concurrency keys ($12).
-	s.sql.insertKeyed = strings.NewReplacer(
-		"timeout_ms, state)", "timeout_ms, state, concurrency_key)",
-		"ELSE 'available' END\n", "ELSE 'available' END, t.concurrency_key\n",
-		"u.max_attempts, u.timeout_ms\n", "u.max_attempts, u.timeout_ms, u.concurrency_key\n",
-		"$9::bigint[])", "$9::bigint[], $12::text[])",
-		"max_attempts, timeout_ms)) t", "max_attempts, timeout_ms, concurrency_key)) t",
-	).Replace(s.sql.insert)
+	s.sql.insertKeyed = s.insertStatement(true, false)
 	// The same, with the jobs' concurrency keys ($12) and metadata ($13):
 	// for calls where a job has metadata.
-	s.sql.insertMeta = strings.NewReplacer(
-		"state, concurrency_key)", "state, concurrency_key, meta)",
-		"t.concurrency_key\n", "t.concurrency_key, t.meta\n",
-		"u.concurrency_key\n", "u.concurrency_key, u.meta\n",
-		"$12::text[])", "$12::text[], $13::jsonb[])",
-		"timeout_ms, concurrency_key)) t", "timeout_ms, concurrency_key, meta)) t",
-	).Replace(s.sql.insertKeyed)
-	if strings.Count(s.sql.insertMeta, "meta") != 4 || !strings.Contains(s.sql.insertMeta, "$13::jsonb[]") {
-		panic("store: the insert statement with metadata was not built")
-	}
+	s.sql.insertMeta = s.insertStatement(true, true)
 
 	// The claim is the function claim() of migration 0004: it locks up to
 	// $3 due jobs of the domain, marks them running under a fresh lease

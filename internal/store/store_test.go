@@ -62,6 +62,35 @@ func TestStatementsPrepare(t *testing.T) {
 	require.Greater(t, len(stmts), 40)
 }
 
+// TestSchemaNamesTheStatementsUse: a schema whose name holds words of the
+// statements (meta, progress) builds every statement and each prepares.
+// New panicked for such names while two statements were derived from
+// others by replacing and counting those words.
+func TestSchemaNamesTheStatementsUse(t *testing.T) {
+	pool := testdb.Pool(t)
+	ms, err := migrate.Load(migrations.FS)
+	require.NoError(t, err)
+	ctx := context.Background()
+	for _, word := range []string{"meta", "progress"} {
+		schema := word + "_" + testdb.Schema(t)
+		t.Cleanup(func() {
+			_, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+			require.NoError(t, err)
+		})
+		_, err = migrate.Up(ctx, pool, schema, ms)
+		require.NoError(t, err)
+		var s *Store
+		require.NotPanics(t, func() { s = New(pool, schema) }, schema)
+		conn, err := pool.Acquire(ctx)
+		require.NoError(t, err)
+		for name, sql := range statements(s) {
+			_, err := conn.Conn().Prepare(ctx, "", sql)
+			require.NoError(t, err, "schema %s, statement %s", schema, name)
+		}
+		conn.Release()
+	}
+}
+
 // statements are every statement of s, by the path of its field (every
 // string field of the statement structs is a statement).
 func statements(s *Store) map[string]string {
