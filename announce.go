@@ -23,11 +23,11 @@ type announcer interface {
 	// inTx announces jobs written inside tx, a transaction of the caller's:
 	// workers hear of them only if and once tx commits.
 	inTx(ctx context.Context, tx store.DB, ps []posting.Posting) error
-	// inline reports whether an insert outside any caller transaction may
+	// carry reports whether an insert outside any caller transaction may
 	// carry its own NOTIFY (the low-latency path of a quiet process), and
 	// the payloads it sends for ps. A true result must be followed by
 	// done() once the insert has ended, and by local(ps) once it committed.
-	inline(ps []posting.Posting) (ok bool, payloads []string, done func())
+	carry(ps []posting.Posting) (ok bool, payloads []string, done func())
 	// local wakes this process's own workers for jobs whose writes have
 	// committed (others heard of them already).
 	local(ps []posting.Posting)
@@ -71,11 +71,11 @@ func (a *notifyAnnouncer) inTx(ctx context.Context, tx store.DB, ps []posting.Po
 	return a.store.NotifyTx(ctx, tx, posting.EncodeAll(ps))
 }
 
-func (a *notifyAnnouncer) inline(ps []posting.Posting) (bool, []string, func()) {
-	if !a.notif.inline() {
+func (a *notifyAnnouncer) carry(ps []posting.Posting) (bool, []string, func()) {
+	if !a.notif.mayCarry() {
 		return false, nil, nil
 	}
-	return true, posting.EncodeAll(a.signed(ps)), a.notif.inlineDone
+	return true, posting.EncodeAll(a.signed(ps)), a.notif.carryDone
 }
 
 func (a *notifyAnnouncer) stop() { a.notif.close() }
@@ -125,7 +125,7 @@ func (a *localAnnouncer) inTx(ctx context.Context, tx store.DB, ps []posting.Pos
 	return nil
 }
 
-func (a *localAnnouncer) inline([]posting.Posting) (bool, []string, func()) { return false, nil, nil }
+func (a *localAnnouncer) carry([]posting.Posting) (bool, []string, func()) { return false, nil, nil }
 
 func (a *localAnnouncer) stop() { a.group.Stop(0) }
 

@@ -239,7 +239,7 @@ func (q *Queue) insertJobs(ctx context.Context, tx store.DB, own bool, jobs []st
 	}
 	// A quiet process's insert carries its own NOTIFY, saving the
 	// notifier's round trip.
-	inline, payloads, done := q.announce.inline(avail)
+	carry, payloads, done := q.announce.carry(avail)
 	r, err := q.store.Insert(ctx, q.pool, rows, payloads)
 	if done != nil {
 		done()
@@ -247,7 +247,7 @@ func (q *Queue) insertJobs(ctx context.Context, tx store.DB, own bool, jobs []st
 	if err != nil {
 		return nil, nil, q.enqueueErr(len(rows), err)
 	}
-	if inline {
+	if carry {
 		q.announce.local(postsOf(r))
 	} else {
 		q.announce.committed(postsOf(r))

@@ -49,7 +49,7 @@ type notifier struct {
 	pending map[string]posting.Posting // due time in In as Unix milliseconds while pending
 	order   []string
 	running bool // a sender goroutine is active
-	inlined bool // an insert carries its own NOTIFY right now
+	carrying bool // an insert carries its own NOTIFY right now
 	closed  bool
 	flushBy time.Time     // once closed: when sending what is left gives up
 	group   run.Group     // the sender goroutine
@@ -60,25 +60,25 @@ func newNotifier(interval time.Duration, log *slog.Logger, faults *outage.Tracke
 	return &notifier{interval: interval, store: st, log: log, faults: faults, pending: map[string]posting.Posting{}, stopCh: make(chan struct{})}
 }
 
-// inline reports whether an insert may carry its own NOTIFY: only when no
+// mayCarry reports whether an insert may carry its own NOTIFY: only when no
 // other notifying transaction of this process is in flight (the sender or
-// another inline insert) and nothing waits to be sent, so at most two
+// another insert that carries its own) and nothing waits to be sent, so at most two
 // notifying commits of a process ever queue for PostgreSQL's notification
-// lock. A true result must be followed by inlineDone.
-func (n *notifier) inline() bool {
+// lock. A true result must be followed by carryDone.
+func (n *notifier) mayCarry() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.closed || n.running || n.inlined || len(n.pending) > 0 || n.interval > 0 {
+	if n.closed || n.running || n.carrying || len(n.pending) > 0 || n.interval > 0 {
 		return false
 	}
-	n.inlined = true
+	n.carrying = true
 	return true
 }
 
-// inlineDone ends an inline notification (committed or not).
-func (n *notifier) inlineDone() {
+// carryDone ends a carried notification (committed or not).
+func (n *notifier) carryDone() {
 	n.mu.Lock()
-	n.inlined = false
+	n.carrying = false
 	n.mu.Unlock()
 }
 

@@ -44,7 +44,7 @@ type Queue struct {
 	procs    *registry.Registry
 	leases   *leases
 	comp     *complete.Completer
-	claim    *claimer // the acquirer's claims (and the inline runs')
+	claim    *claimer // the acquirer's claims (and the test runs')
 	acq      *acquirer
 	maint    *maintain.Service
 	sched    *periodic.Scheduler

@@ -172,7 +172,7 @@ type workCall struct {
 	hard     context.Context
 	finishes sync.WaitGroup // outcomes submitted but not yet written
 	running  atomic.Int32   // handlers running (for Processes)
-	// written, when set (the inline runs of package backlogtest), hears
+	// written, when set (the test runs of package backlogtest), hears
 	// whether each outcome was written.
 	written func(c *claimed, ok bool)
 }
@@ -290,7 +290,7 @@ func outcomeOf(f store.Finish, err error) Outcome {
 func (w *workCall) submit(c *claimed, f store.Finish) {
 	w.finishes.Add(1)
 	done := func(bool) { w.finishes.Done() }
-	if w.written != nil { // inline runs only: Work's path stays as it was
+	if w.written != nil { // test runs only: Work's path stays as it was
 		done = func(ok bool) {
 			w.written(c, ok)
 			w.finishes.Done()

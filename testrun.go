@@ -17,18 +17,18 @@ import (
 	"github.com/backlogq/backlog/internal/testbridge"
 )
 
-// The inline runs of package backlogtest: a handler runs on one job in the
-// caller's goroutine, claimed by the claim statement and recorded by the
-// completer's fenced finish, as under Work, only without the acquirer and
-// its worker goroutines. Reached through internal/testbridge, so that
+// The test runs of package backlogtest (Work, DrainUntilIdle): a handler
+// runs on one job in the caller's goroutine, claimed by the claim
+// statement and recorded by the completer's fenced finish, as under Work,
+// only without the acquirer and its worker goroutines. Reached through internal/testbridge, so that
 // package backlog exports nothing for it.
 func init() {
 	testbridge.Pool = func(q any) *pgxpool.Pool { return q.(*Queue).pool }
-	testbridge.NewInline = newInline
+	testbridge.NewInline = newTestRun
 }
 
-// inline implements testbridge.Inline.
-type inline struct {
+// testRun implements testbridge.Inline.
+type testRun struct {
 	q    *Queue
 	w    *workCall
 	cl   *claimer
@@ -39,7 +39,7 @@ type inline struct {
 	waits map[*claimed]chan bool // per job run: hears whether its outcome was written
 }
 
-func newInline(ctx context.Context, qa, ha, oa any) (testbridge.Inline, error) {
+func newTestRun(ctx context.Context, qa, ha, oa any) (testbridge.Inline, error) {
 	q, _ := qa.(*Queue)
 	if q == nil {
 		return nil, invalid("queue", "must not be nil")
@@ -88,20 +88,20 @@ func newInline(ctx context.Context, qa, ha, oa any) (testbridge.Inline, error) {
 		return nil, ErrClosed
 	}
 	hard, halt := context.WithCancelCause(context.WithoutCancel(ctx))
-	in := &inline{q: q, cl: q.claim, halt: halt, waits: map[*claimed]chan bool{}}
+	in := &testRun{q: q, cl: q.claim, halt: halt, waits: map[*claimed]chan bool{}}
 	in.stop = context.AfterFunc(ctx, func() { halt(ErrShutdown) })
 	in.w = &workCall{q: q, h: h, mux: mux, cfg: cfg, spec: spec, hard: hard, written: in.settled}
 	return in, nil
 }
 
-func (in *inline) Close() {
+func (in *testRun) Close() {
 	in.stop()
 	in.halt(nil)
 	in.q.works.Done()
 }
 
 // Work claims job id and runs the handler on it.
-func (in *inline) Work(ctx context.Context, id uuid.UUID) (testbridge.Run, error) {
+func (in *testRun) Work(ctx context.Context, id uuid.UUID) (testbridge.Run, error) {
 	q := in.q
 	r, err := q.store.Get(ctx, q.pool, id)
 	if errors.Is(err, store.ErrNotFound) {
@@ -156,7 +156,7 @@ func (in *inline) Work(ctx context.Context, id uuid.UUID) (testbridge.Run, error
 }
 
 // Next claims the next due job of the handler's types and runs it.
-func (in *inline) Next(ctx context.Context, all bool) (testbridge.Run, bool, bool, error) {
+func (in *testRun) Next(ctx context.Context, all bool) (testbridge.Run, bool, bool, error) {
 	q, spec := in.q, in.w.spec
 	if spec == nil {
 		return testbridge.Run{}, false, false, invalid("types", "draining needs at least one job type (register handlers on a Mux or pass backlog.Types)")
@@ -189,7 +189,7 @@ func (in *inline) Next(ctx context.Context, all bool) (testbridge.Run, bool, boo
 }
 
 // settled hears from the completer whether c's outcome was written.
-func (in *inline) settled(c *claimed, ok bool) {
+func (in *testRun) settled(c *claimed, ok bool) {
 	in.mu.Lock()
 	ch := in.waits[c]
 	delete(in.waits, c)
@@ -203,7 +203,7 @@ func (in *inline) settled(c *claimed, ok bool) {
 // its outcome is written (or refused by the fence). Once ctx is done, it
 // waits for the write at most the grace period (at least a second), as
 // Work does.
-func (in *inline) run(ctx context.Context, c *claimed) (testbridge.Run, error) {
+func (in *testRun) run(ctx context.Context, c *claimed) (testbridge.Run, error) {
 	ch := make(chan bool, 1)
 	in.mu.Lock()
 	in.waits[c] = ch
