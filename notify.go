@@ -45,15 +45,15 @@ type notifier struct {
 	log      *slog.Logger
 	faults   *outage.Tracker
 
-	mu      sync.Mutex
-	pending map[string]posting.Posting // due time in In as Unix milliseconds while pending
-	order   []string
-	running bool // a sender goroutine is active
+	mu       sync.Mutex
+	pending  map[string]posting.Posting // due time in In as Unix milliseconds while pending
+	order    []string
+	running  bool // a sender goroutine is active
 	carrying bool // an insert carries its own NOTIFY right now
-	closed  bool
-	flushBy time.Time     // once closed: when sending what is left gives up
-	group   run.Group     // the sender goroutine
-	stopCh  chan struct{} // closed by close: the interval is not waited out
+	closed   bool
+	flushBy  time.Time     // once closed: when sending what is left gives up
+	group    run.Group     // the sender goroutine
+	stopCh   chan struct{} // closed by close: the interval is not waited out
 }
 
 func newNotifier(interval time.Duration, log *slog.Logger, faults *outage.Tracker, st *store.Store) *notifier {
