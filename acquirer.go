@@ -21,12 +21,12 @@ import (
 // (the claimer).
 type acquirerStore interface {
 	// claim takes up to k due jobs for the domain under fresh leases, now
-	// of them for acquirees waiting now (the rest fill the prefetch
+	// of them for workers waiting now (the rest fill the prefetch
 	// buffer).
 	claim(ctx context.Context, d *domainSpec, k, now int) (claimResult, error)
-	// release gives back jobs that were claimed but that no acquiree took.
+	// release gives back jobs that were claimed but that no worker took.
 	release(jobs []*claimed)
-	// holdBack stops the jobs of types that were handed to acquirees but
+	// holdBack stops the jobs of types that were handed to workers but
 	// whose handlers have not begun (they give them back).
 	holdBack(types []string)
 	// flowChanges returns the current flow epoch and the types paused or
@@ -48,16 +48,16 @@ const limitedPoll = time.Second
 // hold back even when the NOTIFY that says so is lost.
 const flowWatch = time.Second
 
-// acquirer hands claimed jobs to workers ("acquirees").
+// acquirer hands claimed jobs to waiting workers.
 //
 // Acquirees that want the same job types with the same worker tags form a
 // domain. One claim loop per domain runs at a time (the domain's claim
 // goroutine holds the clearance), plus at most one extra claim started by a
 // posting that lands while the loop's claim is in flight (maybeExtraLocked);
 // the loop's claim asks for k jobs, k being
-// the number of the domain's acquirees waiting when it starts plus what its
+// the number of the domain's workers waiting when it starts plus what its
 // prefetch buffer lacks, and hands them out first come, first served. At
-// low load a claim takes one job with no added delay; under load, acquirees
+// low load a claim takes one job with no added delay; under load, waiting workers
 // that come back while a claim is in flight are served together by the next
 // one, so claims batch by themselves.
 //
@@ -87,14 +87,14 @@ const flowWatch = time.Second
 // due; postings about them go to scheduled. A posting that lands while a claim is in flight sets pending, and
 // the domain queries again right after, so a job committed just after the
 // claim's snapshot is never left to the backup poll. A domain with no
-// acquiree stops its timers, and the first acquiree to come back queries at
+// waiting worker stops its timers, and the first waiting worker to come back queries at
 // once (unless the buffer serves it); a domain no Work call has joined and
 // that holds nothing is deleted.
 //
-// An acquiree whose context ends while a claim is in flight stays in line
+// An waiting worker whose context ends while a claim is in flight stays in line
 // and is answered by that claim: with a job, which its caller must release
 // (so the release is accounted to the Work call that asked for the job), or
-// with nothing. So when acquire returns, no claim made on the acquiree's
+// with nothing. So when acquire returns, no claim made on the waiting worker's
 // behalf is still running.
 type acquirer struct {
 	store        acquirerStore
@@ -106,7 +106,7 @@ type acquirer struct {
 	scheduled func(in time.Duration)
 
 	// group owns the claim goroutines and timer callbacks; claims run
-	// under its context (ctx), not under an acquiree's.
+	// under its context (ctx), not under a waiting worker's.
 	group run.Group
 	ctx   context.Context
 
@@ -126,31 +126,34 @@ type flowState struct {
 
 type domain struct {
 	spec     *domainSpec
-	users    int           // Work calls that joined and have not left
-	idle     chan struct{} // closed when a claim in flight ends (leave waits on it)
-	prefetch               // the buffer of jobs claimed ahead
-	waiters  []*acquiree   // FIFO
-	querying bool          // a claim goroutine runs for this domain
-	pending  bool          // woken while querying: query again
-	extra    bool          // an extra claim (extraClaim) is in flight
-	extraK   int           // how many jobs it asked for
-	drops    int           // drops that concerned the domain's types: a claim in flight across one gives its jobs back
-	short    bool          // the last claim came back short and unlimited: no backlog
-	posted   int           // postings since the loop's claim started
-	slots    bool          // a claim took jobs holding slots of a limit: no extra claims
-	parked   bool          // the last claim came back short: wait for a wake
-	poll     *acqTimer     // backup poll, armed while parked
-	retry    *acqTimer     // after a failed claim, or one that skipped locked jobs
+	users    int              // Work calls that joined and have not left
+	idle     chan struct{}    // closed when a claim in flight ends (leave waits on it)
+	prefetch                  // the buffer of jobs claimed ahead
+	waiters  []*waitingWorker // FIFO
+	querying bool             // a claim goroutine runs for this domain
+	pending  bool             // woken while querying: query again
+	extra    bool             // an extra claim (extraClaim) is in flight
+	extraK   int              // how many jobs it asked for
+	drops    int              // drops that concerned the domain's types: a claim in flight across one gives its jobs back
+	short    bool             // the last claim came back short and unlimited: no backlog
+	posted   int              // postings since the loop's claim started
+	slots    bool             // a claim took jobs holding slots of a limit: no extra claims
+	parked   bool             // the last claim came back short: wait for a wake
+	poll     *acqTimer        // backup poll, armed while parked
+	retry    *acqTimer        // after a failed claim, or one that skipped locked jobs
 	errs     backoff.BackOff
 	skips    backoff.BackOff
 }
 
-type acquiree struct {
-	ch   chan acquired // buffer of 1: the hand-out never blocks under a.mu
-	gone bool          // its context ended during a claim: the claim answers it
+// waitingWorker is a worker waiting in a domain's line for a job
+// (acquire): a claim hands it one through ch.
+type waitingWorker struct {
+	ch   chan handout // buffer of 1: the hand-out never blocks under a.mu
+	gone bool         // its context ended during a claim: the claim answers it
 }
 
-type acquired struct {
+// handout is what a waiting worker is handed: a claimed job, or why none.
+type handout struct {
 	job *claimed
 	err error
 }
@@ -190,7 +193,7 @@ func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*claimed, err
 		d.parked = false
 		a.stopTimer(&d.poll)
 	}
-	w := &acquiree{ch: make(chan acquired, 1)}
+	w := &waitingWorker{ch: make(chan handout, 1)}
 	d.tickLocked(time.Now(), len(d.waiters))
 	d.waiters = append(d.waiters, w)
 	a.maybeClaimLocked(d)
@@ -243,7 +246,7 @@ func (a *acquirer) join(spec *domainSpec, workers, prefetch int) {
 	d.max = max(d.max, prefetch)
 }
 
-// leave unregisters a Work call whose acquirees have all returned. When it
+// leave unregisters a Work call whose waiting workers have all returned. When it
 // was the domain's last, leave waits for a claim still in flight and
 // returns the jobs the buffer holds, which the caller must release (so
 // they are accounted to that Work call).
@@ -276,7 +279,7 @@ func (a *acquirer) leave(spec *domainSpec, workers int) []*claimed {
 	return jobs
 }
 
-func (d *domain) indexLocked(w *acquiree) int {
+func (d *domain) indexLocked(w *waitingWorker) int {
 	for i, x := range d.waiters {
 		if x == w {
 			return i
@@ -285,7 +288,7 @@ func (d *domain) indexLocked(w *acquiree) int {
 	return -1
 }
 
-func (d *domain) removeLocked(w *acquiree) bool {
+func (d *domain) removeLocked(w *waitingWorker) bool {
 	d.tickLocked(time.Now(), len(d.waiters))
 	for i, x := range d.waiters {
 		if x == w {
@@ -390,9 +393,9 @@ func (a *acquirer) claimLoop(d *domain) {
 			a.store.release(surplus)
 			return
 		case res.limited == store.LimitedDemand && len(jobs) >= wanted && len(d.waiters) > 0:
-			// Every acquiree counted got a job, jobs beyond them were
+			// Every waiting worker counted got a job, jobs beyond them were
 			// held back (limited types are barely prefetched), and
-			// acquirees came meanwhile.
+			// waiting workers came meanwhile.
 			d.errs.Reset()
 			d.skips.Reset()
 			a.mu.Unlock()
@@ -464,9 +467,9 @@ func (a *acquirer) handOutLocked(d *domain, jobs []*claimed, now time.Time) int 
 	d.tickLocked(now, len(d.waiters))
 	for i := range n {
 		d.handLocked(jobs[i], now)
-		d.waiters[i].ch <- acquired{job: jobs[i]}
+		d.waiters[i].ch <- handout{job: jobs[i]}
 	}
-	d.waiters = append([]*acquiree(nil), d.waiters[n:]...)
+	d.waiters = append([]*waitingWorker(nil), d.waiters[n:]...)
 	return n
 }
 
@@ -588,13 +591,13 @@ func (a *acquirer) extraClaim(d *domain, k, drops int) {
 	a.store.release(surplus)
 }
 
-// answerGoneLocked answers the acquirees whose contexts ended during the
+// answerGoneLocked answers the waiting workers whose contexts ended during the
 // claim and that it did not hand a job.
 func (d *domain) answerGoneLocked() {
 	keep := d.waiters[:0]
 	for _, w := range d.waiters {
 		if w.gone {
-			w.ch <- acquired{}
+			w.ch <- handout{}
 			continue
 		}
 		keep = append(keep, w)
@@ -641,7 +644,7 @@ func (a *acquirer) armPollLocked(d *domain) {
 }
 
 // gcLocked stops the timers of a domain nobody waits in (the next
-// acquiree to arrive queries at once), and deletes it when no Work call
+// waiting worker to arrive queries at once), and deletes it when no Work call
 // has joined it and it holds no job.
 func (a *acquirer) gcLocked(d *domain) {
 	if len(d.waiters) > 0 || d.busyLocked() {
@@ -728,7 +731,7 @@ func (a *acquirer) drop(types []string) {
 	a.store.release(back)
 }
 
-// bufferLocked adds jobs no acquiree took to d's buffer, and has the flow
+// bufferLocked adds jobs no waiting worker took to d's buffer, and has the flow
 // epoch watched while it holds them.
 func (a *acquirer) bufferLocked(d *domain, jobs []*claimed) {
 	d.prefetch.putLocked(jobs)
@@ -828,7 +831,7 @@ func (a *acquirer) close() {
 				if d.busyLocked() {
 					w.gone = true // a claim in flight answers it
 				} else {
-					w.ch <- acquired{err: ErrClosed}
+					w.ch <- handout{err: ErrClosed}
 				}
 			}
 			if !d.busyLocked() {

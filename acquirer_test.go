@@ -241,15 +241,15 @@ func spec(t *testing.T, types []string, tags map[string]string) *domainSpec {
 type testAcquiree struct {
 	t      *testing.T
 	cancel context.CancelFunc
-	res    chan acquired
+	res    chan handout
 }
 
 func startAcquiree(t *testing.T, a *acquirer, d *domainSpec) *testAcquiree {
 	ctx, cancel := context.WithCancel(context.Background())
-	ta := &testAcquiree{t: t, cancel: cancel, res: make(chan acquired, 1)}
+	ta := &testAcquiree{t: t, cancel: cancel, res: make(chan handout, 1)}
 	go func() {
 		j, err := a.acquire(ctx, d)
-		ta.res <- acquired{job: j, err: err}
+		ta.res <- handout{job: j, err: err}
 	}()
 	return ta
 }
@@ -264,7 +264,7 @@ func (ta *testAcquiree) success() *claimed {
 		ta.cancel()
 		return r.job
 	default:
-		ta.t.Fatal("acquiree got no job")
+		ta.t.Fatal("waiting worker got no job")
 		return nil
 	}
 }
@@ -273,12 +273,12 @@ func (ta *testAcquiree) requireBlocked() {
 	ta.t.Helper()
 	select {
 	case r := <-ta.res:
-		ta.t.Fatalf("acquiree should be blocked, got job %v err %v", r.job, r.err)
+		ta.t.Fatalf("waiting worker should be blocked, got job %v err %v", r.job, r.err)
 	default:
 	}
 }
 
-// requireHandedAfterCancel requires the answer to an acquiree cancelled
+// requireHandedAfterCancel requires the answer to a waiting worker cancelled
 // during a claim that handed it a job: the job, with context.Canceled.
 func (ta *testAcquiree) requireHandedAfterCancel() *claimed {
 	ta.t.Helper()
@@ -288,7 +288,7 @@ func (ta *testAcquiree) requireHandedAfterCancel() *claimed {
 		require.NotNil(ta.t, r.job)
 		return r.job
 	default:
-		ta.t.Fatal("acquiree was not answered")
+		ta.t.Fatal("waiting worker was not answered")
 		return nil
 	}
 }
@@ -323,7 +323,7 @@ func TestAcquirerTenAcquireesOneDomainBatch(t *testing.T) {
 		for range 10 {
 			st.add("a", nil, 0)
 		}
-		// The first acquiree starts a claim (k=1) that the gate holds; the
+		// The first waiting worker starts a claim (k=1) that the gate holds; the
 		// other nine queue up behind it and are served by one claim (k=9).
 		first := startAcquiree(t, a, d)
 		<-st.entered
@@ -522,7 +522,7 @@ func TestAcquirerIdleCostIsOneQueryPerPoll(t *testing.T) {
 		}
 		synctest.Wait()
 		before := st.callCount()
-		require.LessOrEqual(t, before, 20*10) // at most one claim per acquiree arrival
+		require.LessOrEqual(t, before, 20*10) // at most one claim per waiting worker arrival
 		advance(10*testPoll + time.Second)
 		require.Equal(t, 20*10, st.callCount()-before, "20 domains x 10 polls")
 		for _, ta := range tas {
@@ -546,7 +546,7 @@ func TestAcquirerCancelledAcquireeNeverStrandsDomain(t *testing.T) {
 		<-st.entered
 		second := startAcquiree(t, a, d)
 		synctest.Wait()
-		// The acquiree whose arrival started the claim leaves mid-claim: it
+		// The waiting worker whose arrival started the claim leaves mid-claim: it
 		// waits for the claim made on its behalf, which answers it with
 		// the job; its caller releases it (accounted to its Work call).
 		first.cancel()
@@ -562,7 +562,7 @@ func TestAcquirerCancelledAcquireeNeverStrandsDomain(t *testing.T) {
 		second.success()
 		require.Empty(t, st.released, "nothing is released behind a Work call's back")
 
-		// A lone acquiree leaving mid-claim of an empty domain is answered
+		// A lone waiting worker leaving mid-claim of an empty domain is answered
 		// with nothing once the claim returns.
 		lone := startAcquiree(t, a, d)
 		<-st.entered
@@ -700,7 +700,7 @@ func TestAcquirerDoesNotParkOnLockedJobs(t *testing.T) {
 }
 
 // checkIdle returns an error describing any domain state that should not
-// exist when no acquiree waits. Tests call it; it documents the invariants.
+// exist when no waiting worker waits. Tests call it; it documents the invariants.
 func (a *acquirer) checkIdle() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -95,7 +95,7 @@ func (c *claimer) release(jobs []*claimed) {
 
 // releaseOf is the write that gives a claimed job back.
 func releaseOf(j *claimed) store.Finish {
-	return store.Finish{ID: j.ID, Token: j.Token, State: string(StateAvailable), AttemptDelta: -1, Delay: -1}
+	return store.Release(j.ID, j.Token)
 }
 
 // outcome is the completer's request for c's outcome f; done, when set,

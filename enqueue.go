@@ -107,10 +107,10 @@ func (q *Queue) enqueue(ctx context.Context, tx store.DB, specs []JobSpec) ([]uu
 }
 
 // insert is insertSpecs with the Enqueuing and Enqueued hooks.
-func (q *Queue) insert(ctx context.Context, tx store.DB, own bool, specs []JobSpec) (out []Inserted, posts []posting.Posting, err error) {
+func (q *Queue) insert(ctx context.Context, tx store.DB, queueTx bool, specs []JobSpec) (out []Inserted, posts []posting.Posting, err error) {
 	hooks := q.cfg.hooks
 	if hooks.Enqueuing == nil && hooks.Enqueued == nil {
-		return q.insertSpecs(ctx, tx, own, specs)
+		return q.insertSpecs(ctx, tx, queueTx, specs)
 	}
 	typ := ""
 	for i, s := range specs {
@@ -141,7 +141,7 @@ func (q *Queue) insert(ctx context.Context, tx store.DB, own bool, specs []JobSp
 			h(hctx, ev)
 		}()
 	}
-	return q.insertSpecs(ctx, tx, own, specs)
+	return q.insertSpecs(ctx, tx, queueTx, specs)
 }
 
 // withMetadata returns specs with meta put before each one's options, so
@@ -160,9 +160,9 @@ func withMetadata(specs []JobSpec, meta map[string]string) []JobSpec {
 }
 
 // insertSpecs validates and inserts specs: in tx when given (the caller's,
-// or, with own, one of the Queue's whose commit the caller announces with
+// or, with queueTx, one of the Queue's whose commit the caller announces with
 // the returned postings), else in a statement of its own.
-func (q *Queue) insertSpecs(ctx context.Context, tx store.DB, own bool, specs []JobSpec) ([]Inserted, []posting.Posting, error) {
+func (q *Queue) insertSpecs(ctx context.Context, tx store.DB, queueTx bool, specs []JobSpec) ([]Inserted, []posting.Posting, error) {
 	if q.isClosed() {
 		return nil, nil, ErrClosed
 	}
@@ -179,7 +179,7 @@ func (q *Queue) insertSpecs(ctx context.Context, tx store.DB, own bool, specs []
 	if err := q.checkIDs(ctx, tx, specs); err != nil {
 		return nil, nil, err
 	}
-	if tx != nil && !own && (graph || slices.ContainsFunc(specs, func(s JobSpec) bool { return s.ID != uuid.Nil })) {
+	if tx != nil && !queueTx && (graph || slices.ContainsFunc(specs, func(s JobSpec) bool { return s.ID != uuid.Nil })) {
 		// The database judges some of this input (an unknown prerequisite,
 		// an ID taken since checkIDs) after the batch's statements took
 		// locks or wrote rows: in a savepoint, a rejected batch leaves the
@@ -194,13 +194,13 @@ func (q *Queue) insertSpecs(ctx context.Context, tx store.DB, own bool, specs []
 		}
 		return out, nil, nil
 	}
-	return q.insertJobs(ctx, tx, own, jobs, graph)
+	return q.insertJobs(ctx, tx, queueTx, jobs, graph)
 }
 
 // insertJobs inserts a validated batch (see insertSpecs).
-func (q *Queue) insertJobs(ctx context.Context, tx store.DB, own bool, jobs []store.GraphJob, graph bool) ([]Inserted, []posting.Posting, error) {
+func (q *Queue) insertJobs(ctx context.Context, tx store.DB, queueTx bool, jobs []store.GraphJob, graph bool) ([]Inserted, []posting.Posting, error) {
 	if graph {
-		return q.insertGraph(ctx, tx, own, jobs)
+		return q.insertGraph(ctx, tx, queueTx, jobs)
 	}
 	rows := make([]store.NewJob, len(jobs))
 	out := make([]Inserted, len(jobs))
@@ -228,7 +228,7 @@ func (q *Queue) insertJobs(ctx context.Context, tx store.DB, own bool, jobs []st
 		if err != nil {
 			return nil, nil, q.enqueueErr(len(rows), err)
 		}
-		if own {
+		if queueTx {
 			return out, postsOf(r), nil
 		}
 		// Delivered only if the caller's transaction commits.
@@ -292,7 +292,7 @@ func (q *Queue) enqueueErr(n int, err error) error {
 
 // insertGraph inserts jobs with dependencies, ordering keys or unique keys
 // in one transaction: the caller's, or one of its own.
-func (q *Queue) insertGraph(ctx context.Context, tx store.DB, own bool, jobs []store.GraphJob) ([]Inserted, []posting.Posting, error) {
+func (q *Queue) insertGraph(ctx context.Context, tx store.DB, queueTx bool, jobs []store.GraphJob) ([]Inserted, []posting.Posting, error) {
 	var out []Inserted
 	var posts []posting.Posting
 	run := func(tx store.DB, announceInTx bool) error {
@@ -325,10 +325,10 @@ func (q *Queue) insertGraph(ctx context.Context, tx store.DB, own bool, jobs []s
 		return q.announce.inTx(ctx, tx, posts)
 	}
 	if tx != nil {
-		if err := run(tx, !own); err != nil {
+		if err := run(tx, !queueTx); err != nil {
 			return nil, nil, classify(err)
 		}
-		if own {
+		if queueTx {
 			return out, posts, nil
 		}
 		return out, nil, nil

@@ -39,7 +39,7 @@ type prefetch struct {
 
 // tickLocked brings the waiting time up to now, with waiting workers
 // waiting since the last tick. Call it before the number of waiting
-// acquirees changes.
+// waiting workers changes.
 func (p *prefetch) tickLocked(now time.Time, waiting int) {
 	if !p.waitedAt.IsZero() {
 		p.waited += now.Sub(p.waitedAt).Seconds() * float64(waiting)
@@ -60,14 +60,14 @@ func (p *prefetch) targetLocked() int {
 }
 
 // lowLocked reports whether the buffer should be refilled without a
-// waiting acquiree: it is below half its target.
+// waiting waiting worker: it is below half its target.
 func (p *prefetch) lowLocked() bool {
 	t := p.targetLocked()
 	return t > 0 && len(p.buf) < (t+1)/2
 }
 
 // deficitLocked is how many jobs a claim adds for the buffer, besides
-// those for the waiting acquirees.
+// those for the waiting waiting workers.
 func (p *prefetch) deficitLocked() int {
 	return max(0, p.targetLocked()-len(p.buf))
 }
@@ -91,7 +91,7 @@ func (p *prefetch) takeLocked(now time.Time) *claimed {
 // handLocked counts a job handed straight from a claim.
 func (p *prefetch) handLocked(*claimed, time.Time) { p.handed++ }
 
-// putLocked adds claimed jobs no acquiree took.
+// putLocked adds claimed jobs no waiting worker took.
 func (p *prefetch) putLocked(jobs []*claimed) {
 	if len(jobs) == 0 {
 		return

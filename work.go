@@ -278,9 +278,9 @@ func outcomeOf(f store.Finish, err error) Outcome {
 		return OutcomeFailed
 	case f.State == string(StateCancelled):
 		return OutcomeCancelled
-	case f.AttemptDelta < 0 && err != nil && IsSnooze(err):
+	case f.AttemptDelta == store.GiveAttemptBack && err != nil && IsSnooze(err):
 		return OutcomeSnoozed
-	case f.AttemptDelta < 0:
+	case f.AttemptDelta == store.GiveAttemptBack:
 		return OutcomeReleased
 	default:
 		return OutcomeRetried
@@ -322,9 +322,9 @@ func (w *workCall) outcome(c *claimed, job *Job, err, cause, fail error) store.F
 		}
 		f.State, f.Err = string(StateCancelled), store.ErrorText(err)
 	case errors.Is(cause, ErrShutdown):
-		f.State, f.AttemptDelta, f.Delay = string(StateAvailable), -1, -1 // released, keeping its place
+		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), store.KeepRunAt, store.GiveAttemptBack // released, keeping its place
 	case errors.As(err, &snooze):
-		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), snooze.d, -1
+		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), snooze.d, store.GiveAttemptBack
 	case IsPermanent(err):
 		f.State, f.Err = string(StateFailed), store.ErrorText(err)
 	case job.Attempt >= job.MaxAttempts:

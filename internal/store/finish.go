@@ -33,13 +33,28 @@ type Finish struct {
 	ID           uuid.UUID
 	Token        uuid.UUID
 	State        string        // completed, failed, cancelled or available
-	Delay        time.Duration // for available: run again at now() + Delay; < 0 keeps run_at (a release)
-	AttemptDelta int           // -1 gives the attempt back (snooze, release)
+	Delay        time.Duration // for available: run again at now() + Delay, or KeepRunAt
+	AttemptDelta int           // GiveAttemptBack: the attempt is not spent (snooze, release)
 	Result       json.RawMessage
 	Err          *string // appended to the error history when set
 	// Progress is the job's latest progress, written with the outcome
 	// (nil: unchanged).
 	Progress json.RawMessage
+}
+
+// The values of Finish's fields that give a job back without a retry.
+const (
+	// KeepRunAt, as Delay, keeps the job's run_at: it goes back ahead of
+	// jobs due later (a release).
+	KeepRunAt time.Duration = -1
+	// GiveAttemptBack, as AttemptDelta, does not spend the attempt.
+	GiveAttemptBack = -1
+)
+
+// Release is the write that gives a claimed job back at once, keeping its
+// place (run_at) and its attempt.
+func Release(id, token uuid.UUID) Finish {
+	return Finish{ID: id, Token: token, State: "available", Delay: KeepRunAt, AttemptDelta: GiveAttemptBack}
 }
 
 // FinishStatus is what became of one Finish.
@@ -208,7 +223,7 @@ func finishArraysOf(fs []Finish) finishArrays {
 		a.ids[i], a.tokens[i], a.states[i] = f.ID, f.Token, f.State
 		a.delays[i], a.deltas[i] = f.Delay.Milliseconds(), int32(f.AttemptDelta)
 		if f.Delay < 0 {
-			a.delays[i] = -1 // keep run_at
+			a.delays[i] = -1 // KeepRunAt
 		}
 		a.results[i], a.errs[i] = f.Result, f.Err
 		if f.Progress != nil {
