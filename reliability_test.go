@@ -385,11 +385,15 @@ func TestOutcomeWrittenAfterLocalLeaseLoss(t *testing.T) {
 	id, err := e.q.Enqueue(ctx, "held", nil)
 	require.NoError(t, err)
 	e.waitState(id, 5*time.Second, backlog.StateRunning)
-	// Hold the row so renewals skip it until the local deadline passes.
-	_, err = tx.Exec(ctx, `SELECT 1 FROM "`+e.schema+`".jobs WHERE id = $1 FOR UPDATE`, id)
+	// Hold the row so renewals skip it until the local deadline passes;
+	// the same transaction keeps the database's lease for an hour, so that
+	// the database still holds the job under its token whenever the
+	// outcome comes (with the second lease, the expiry-timed sweep could
+	// take the job first on a loaded machine: attempt 2).
+	_, err = tx.Exec(ctx, `UPDATE "`+e.schema+`".jobs SET lease_expires_at = now() + interval '1 hour' WHERE id = $1`, id)
 	require.NoError(t, err)
 	require.ErrorIs(t, <-causes, backlog.ErrLeaseLost)
-	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, tx.Commit(ctx))
 	info := e.waitState(id, 10*time.Second, backlog.StateCompleted)
 	require.Equal(t, 1, info.Attempt, "the outcome was dropped and the job ran again")
 }
