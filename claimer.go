@@ -97,13 +97,3 @@ func (c *claimer) release(jobs []*claimed) {
 func releaseOf(j *claimed) store.Finish {
 	return store.Release(j.ID, j.Token)
 }
-
-// outcome is the completer's request for c's outcome f; done, when set,
-// hears whether it was written.
-func (c *claimed) outcome(f store.Finish, done func(written bool)) *complete.Request {
-	r := &complete.Request{F: f, Type: c.Type, Tags: c.Tags, Slot: c.Slot, Done: done}
-	if c.lease != nil {
-		r.Lease = c.lease
-	}
-	return r
-}

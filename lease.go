@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/backlogq/backlog/internal/complete"
 	"github.com/backlogq/backlog/internal/isolate"
 	"github.com/backlogq/backlog/internal/outage"
 	"github.com/backlogq/backlog/internal/pgerr"
@@ -61,6 +62,16 @@ type heldLease struct {
 type claimed struct {
 	store.Claimed
 	lease *heldLease
+}
+
+// outcome is the completer's request for c's outcome f; done, when set,
+// hears whether it was written.
+func (c *claimed) outcome(f store.Finish, done func(written bool)) *complete.Request {
+	r := &complete.Request{F: f, Type: c.Type, Tags: c.Tags, Slot: c.Slot, Done: done}
+	if c.lease != nil {
+		r.Lease = c.lease
+	}
+	return r
 }
 
 // errHeldBack is why a job handed to a worker is given back before its
@@ -137,12 +148,17 @@ func (l *leases) begin(le *heldLease, cancel context.CancelCauseFunc) error {
 // completer: from then on a renewal that misses the row most likely means
 // the outcome was just written, which is no reason to warn. It reports
 // why the attempt must fail when renewing its lease failed for a reason
-// tied to its row (nil otherwise), and whether the lease is presumed lost.
-func (l *leases) end(le *heldLease) (fail error, lost bool) {
+// tied to its row (nil otherwise), whether the lease is presumed lost, and
+// the job's latest progress when no renewal has written it yet (nil
+// otherwise): the finish writes it.
+func (l *leases) end(le *heldLease) (fail error, lost bool, progress json.RawMessage) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	le.done = true
-	return le.failWith, le.lost
+	if le.progSeq != le.progSent {
+		progress = le.progress
+	}
+	return le.failWith, le.lost, progress
 }
 
 // stale reports whether the lease's local deadline has passed: a write of
@@ -189,17 +205,6 @@ func (l *leases) setProgress(le *heldLease, b json.RawMessage) error {
 		run.Wake(l.progKick)
 	}
 	return nil
-}
-
-// finalProgress returns the job's latest progress when a renewal has not
-// written it yet (nil otherwise): the finish writes it.
-func (l *leases) finalProgress(le *heldLease) json.RawMessage {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if le.progSeq == le.progSent {
-		return nil
-	}
-	return le.progress
 }
 
 // stopLocked cancels the handler with cause (the first cause wins).

@@ -32,9 +32,9 @@ func TestReclaimStopsTheOldLeasesHandler(t *testing.T) {
 
 	second := ls.add([]uuid.UUID{id}, []uuid.UUID{uuid.New()}, []string{"t"}, time.Now())[0]
 	require.ErrorIs(t, context.Cause(ctx), ErrLeaseLost)
-	_, lost := ls.end(first)
+	_, lost, _ := ls.end(first)
 	require.True(t, lost)
-	_, lost = ls.end(second)
+	_, lost, _ = ls.end(second)
 	require.False(t, lost)
 	// The old attempt's settlement leaves the new lease registered.
 	ls.remove(first)

@@ -256,8 +256,9 @@ func (w *workCall) run(c *claimed) (*Job, store.Finish, error) {
 	// outcome is written: the write is fenced by the lease token, so it
 	// lands only if the database still holds the job under this attempt,
 	// which spares a needless re-run.
-	fail, lost := ls.end(c.lease)
+	fail, lost, progress := ls.end(c.lease)
 	f := w.outcome(c, job, err, cause, fail)
+	f.Progress = progress // written with the outcome
 	if hooks.Finished != nil {
 		o := outcomeOf(f, err)
 		if lost {
@@ -304,7 +305,6 @@ func (w *workCall) submit(c *claimed, f store.Finish) {
 // returned (its lease could not be renewed).
 func (w *workCall) outcome(c *claimed, job *Job, err, cause, fail error) store.Finish {
 	f := store.Finish{ID: c.ID, Token: c.Token}
-	f.Progress = w.q.leases.finalProgress(c.lease) // written with the outcome
 	var snooze *snoozeError
 	switch {
 	case fail != nil:
