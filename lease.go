@@ -147,18 +147,23 @@ func (l *leases) begin(le *heldLease, cancel context.CancelCauseFunc) error {
 // end is called when the attempt's outcome is about to go to the
 // completer: from then on a renewal that misses the row most likely means
 // the outcome was just written, which is no reason to warn. It reports
-// why the attempt must fail when renewing its lease failed for a reason
-// tied to its row (nil otherwise), whether the lease is presumed lost, and
-// the job's latest progress when no renewal has written it yet (nil
-// otherwise): the finish writes it.
-func (l *leases) end(le *heldLease) (fail error, lost bool, progress json.RawMessage) {
+// what the lease knows when its attempt ends.
+func (l *leases) end(le *heldLease) (e attemptEnd) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	le.done = true
+	e = attemptEnd{fail: le.failWith, lost: le.lost}
 	if le.progSeq != le.progSent {
-		progress = le.progress
+		e.progress = le.progress
 	}
-	return le.failWith, le.lost, progress
+	return e
+}
+
+// attemptEnd is what the lease knows when its attempt ends (leases.end).
+type attemptEnd struct {
+	fail     error           // why the attempt must fail, from a renewal; nil otherwise
+	lost     bool            // the lease is presumed lost
+	progress json.RawMessage // progress no renewal has written yet; nil otherwise
 }
 
 // stale reports whether the lease's local deadline has passed: a write of

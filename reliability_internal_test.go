@@ -32,10 +32,8 @@ func TestReclaimStopsTheOldLeasesHandler(t *testing.T) {
 
 	second := ls.add([]uuid.UUID{id}, []uuid.UUID{uuid.New()}, []string{"t"}, time.Now())[0]
 	require.ErrorIs(t, context.Cause(ctx), ErrLeaseLost)
-	_, lost, _ := ls.end(first)
-	require.True(t, lost)
-	_, lost, _ = ls.end(second)
-	require.False(t, lost)
+	require.True(t, ls.end(first).lost)
+	require.False(t, ls.end(second).lost)
 	// The old attempt's settlement leaves the new lease registered.
 	ls.remove(first)
 	require.Same(t, second, ls.held[id])

@@ -256,12 +256,12 @@ func (w *workCall) run(c *claimed) (*Job, store.Finish, error) {
 	// outcome is written: the write is fenced by the lease token, so it
 	// lands only if the database still holds the job under this attempt,
 	// which spares a needless re-run.
-	fail, lost, progress := ls.end(c.lease)
-	f := w.outcome(c, job, err, cause, fail)
-	f.Progress = progress // written with the outcome
+	end := ls.end(c.lease)
+	f := w.outcome(c, job, err, cause, end.fail)
+	f.Progress = end.progress // written with the outcome
 	if hooks.Finished != nil {
 		o := outcomeOf(f, err)
-		if lost {
+		if end.lost {
 			o = OutcomeLeaseLost
 		}
 		hooks.Finished(ctx, job, JobEvent{Outcome: o, Duration: ran, QueueLatency: c.Waited, Err: err})
