@@ -151,7 +151,10 @@ func TestIsolationSweep(t *testing.T) {
 
 func TestIsolationHeartbeat(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, backlog.WithLease(time.Second))
+	// A lease of 2 s, renewed about every 0.7 s: a healthy job loses it
+	// only if no renewal commits for 2 s, which a loaded machine did with
+	// a lease of 1 s (attempt 2 beside a CPU burner and another test run).
+	e := newEnv(t, backlog.WithLease(2*time.Second))
 	e.poison()
 	ctx := context.Background()
 	specs := []backlog.JobSpec{{Type: "iso", Args: poisonArgs("renew")}}
@@ -164,7 +167,7 @@ func TestIsolationHeartbeat(t *testing.T) {
 	work(t, e.q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
 		// Outlive the lease: only renewals keep it.
 		select {
-		case <-time.After(2500 * time.Millisecond):
+		case <-time.After(3500 * time.Millisecond):
 			return nil
 		case <-ctx.Done():
 			causes <- context.Cause(ctx)
@@ -172,11 +175,11 @@ func TestIsolationHeartbeat(t *testing.T) {
 		}
 	}), backlog.Types("iso"), backlog.Concurrency(8))
 
-	info := e.waitState(ids[0], 10*time.Second, backlog.StateFailed)
+	info := e.waitState(ids[0], 20*time.Second, backlog.StateFailed)
 	require.Contains(t, info.LastError, "renewing the job's lease failed")
 	require.Contains(t, info.LastError, "poison: refuses renewal")
 	for _, id := range ids[1:] {
-		info := e.waitState(id, 10*time.Second, backlog.StateCompleted)
+		info := e.waitState(id, 20*time.Second, backlog.StateCompleted)
 		require.Equal(t, 1, info.Attempt, "a healthy lease was lost with the poison one")
 	}
 	require.Len(t, causes, 1, "only the poison job's handler was stopped")

@@ -334,3 +334,11 @@ WHERE c.relnamespace = $1::regnamespace AND c.relname !~ '^job_history_p[0-9]{8}
 	require.NotEmpty(t, out, fmt.Sprintf("schema %s", schema))
 	return out
 }
+
+// TestMigration20DownRestoresVersion19: the same for 0020 (the claim
+// returns its jobs in the order it chose them): claim_jobs returns to its
+// version 12 body with the settings of versions 13 and 17.
+func TestMigration20DownRestoresVersion19(t *testing.T) {
+	t.Parallel()
+	migrationDownRestores(t, 20)
+}

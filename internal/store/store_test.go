@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -404,4 +405,58 @@ func TestDropRepeats(t *testing.T) {
 		require.Equal(t, tc.want, dropRepeats(in))
 		require.Equal(t, tc.in, in, "the input is left alone")
 	}
+}
+
+// TestClaimReturnsJobsInTheOrderItChoseThem: a claim's rows come back in
+// the order the claim chose them (most urgent first; round-robin across
+// concurrency keys), which is the order the acquirer hands them out. The
+// final UPDATE meets the rows in heap order, so before the claim sorted
+// its RETURNING rows, a claim of 310 returned the ten urgent jobs last
+// (they were inserted last) and a claim of the big key's 300 jobs and 20
+// small keys' 3 each returned the small keys' jobs after every big one:
+// a large prefetched claim then started them behind the big key's.
+func TestClaimReturnsJobsInTheOrderItChoseThem(t *testing.T) {
+	ctx := context.Background()
+	s, pool, schema := newTestStore(t)
+	jobs := `"` + schema + `".jobs`
+	_, err := pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args, priority, concurrency_key)
+		SELECT gen_random_uuid(), 'prio', '{}', 5, NULL FROM generate_series(1, 300)`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args, priority, concurrency_key)
+		SELECT gen_random_uuid(), 'prio', '{}', 1, NULL FROM generate_series(1, 10)`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args, concurrency_key)
+		SELECT gen_random_uuid(), 'keys', '{}', 'big' FROM generate_series(1, 300)`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args, concurrency_key)
+		SELECT gen_random_uuid(), 'keys', '{}', 'small-' || (g % 20) FROM generate_series(1, 60) g`)
+	require.NoError(t, err)
+
+	claim := func(typ string, k int) (prios []int, keys []string) {
+		fn := strings.TrimPrefix(s.sql.claim, "SELECT * FROM ")
+		rows, err := pool.Query(ctx, `SELECT c.priority, j.concurrency_key FROM `+fn+` WITH ORDINALITY AS c
+			JOIN `+jobs+` j ON j.id = c.id ORDER BY c.ordinality`,
+			Mode, []string{typ}, `{}`, k, k, 30000, "w")
+		require.NoError(t, err)
+		defer rows.Close()
+		for rows.Next() {
+			var p int
+			var key *string
+			require.NoError(t, rows.Scan(&p, &key))
+			prios = append(prios, p)
+			if key != nil {
+				keys = append(keys, *key)
+			}
+		}
+		require.NoError(t, rows.Err())
+		return prios, keys
+	}
+	prios, _ := claim("prio", 310)
+	require.Len(t, prios, 310)
+	require.True(t, slices.IsSorted(prios), "the claim's jobs are not most urgent first: %v", prios[:20])
+
+	_, keys := claim("keys", 360)
+	require.Len(t, keys, 360)
+	last := slices.IndexFunc(keys[63:], func(k string) bool { return k != "big" })
+	require.Equal(t, -1, last, "a small key's job came after the first 63 (three rounds of 21 keys): %v", keys[:80])
 }
