@@ -11,8 +11,10 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
+	"github.com/backlogq/backlog/internal/claim"
 	"github.com/backlogq/backlog/internal/outage"
 	"github.com/backlogq/backlog/internal/posting"
+	"github.com/backlogq/backlog/internal/prefetch"
 	"github.com/backlogq/backlog/internal/run"
 	"github.com/backlogq/backlog/internal/store"
 )
@@ -63,7 +65,7 @@ const flowWatch = time.Second
 //
 // The prefetch buffer holds jobs claimed ahead of demand, so that workers
 // find a job at once while the next claim is in flight. Its size follows
-// demand (prefetch.go): about what the domain's workers take during two
+// demand (internal/prefetch): about what the domain's workers take during two
 // claims, so slow handlers keep (almost) nothing back from other processes,
 // and at most the largest Prefetch of the Work calls that joined the
 // domain. Buffered jobs are leased like any other (the heartbeat renews
@@ -126,21 +128,21 @@ type flowState struct {
 
 type domain struct {
 	spec     *domainSpec
-	users    int              // Work calls that joined and have not left
-	idle     chan struct{}    // closed when a claim in flight ends (leave waits on it)
-	prefetch                  // the buffer of jobs claimed ahead
-	waiters  []*waitingWorker // FIFO
-	querying bool             // a claim goroutine runs for this domain
-	pending  bool             // woken while querying: query again
-	extra    bool             // an extra claim (extraClaim) is in flight
-	extraK   int              // how many jobs it asked for
-	drops    int              // drops that concerned the domain's types: a claim in flight across one gives its jobs back
-	short    bool             // the last claim came back short and unlimited: no backlog
-	posted   int              // postings since the loop's claim started
-	slots    bool             // a claim took jobs holding slots of a limit: no extra claims
-	parked   bool             // the last claim came back short: wait for a wake
-	poll     *acqTimer        // backup poll, armed while parked
-	retry    *acqTimer        // after a failed claim, or one that skipped locked jobs
+	users    int                       // Work calls that joined and have not left
+	idle     chan struct{}             // closed when a claim in flight ends (leave waits on it)
+	pre      prefetch.Buffer[*claimed] // the buffer of jobs claimed ahead
+	waiters  []*waitingWorker          // FIFO
+	querying bool                      // a claim goroutine runs for this domain
+	pending  bool                      // woken while querying: query again
+	extra    bool                      // an extra claim (extraClaim) is in flight
+	extraK   int                       // how many jobs it asked for
+	drops    int                       // drops that concerned the domain's types: a claim in flight across one gives its jobs back
+	short    bool                      // the last claim came back short and unlimited: no backlog
+	posted   int                       // postings since the loop's claim started
+	slots    bool                      // a claim took jobs holding slots of a limit: no extra claims
+	parked   bool                      // the last claim came back short: wait for a wake
+	poll     *acqTimer                 // backup poll, armed while parked
+	retry    *acqTimer                 // after a failed claim, or one that skipped locked jobs
 	errs     backoff.BackOff
 	skips    backoff.BackOff
 }
@@ -156,6 +158,28 @@ type waitingWorker struct {
 type handout struct {
 	job *claimed
 	err error
+}
+
+// claimResult is what one claim took.
+type claimResult = claim.Result[*heldLease]
+
+// claimSource is the Queue's acquirerStore: its claimer, and its leases,
+// which stop handed-out jobs of held-back types.
+type claimSource struct {
+	cl     *claim.Claimer[*heldLease]
+	leases *leases
+}
+
+func (c claimSource) claim(ctx context.Context, d *domainSpec, k, now int) (claimResult, error) {
+	return c.cl.Claim(ctx, d.types, d.tagsJ, k, now)
+}
+
+func (c claimSource) release(jobs []*claimed) { c.cl.Release(jobs) }
+
+func (c claimSource) holdBack(types []string) { c.leases.holdBack(types) }
+
+func (c claimSource) flowChanges(ctx context.Context, since int64) (int64, []string, error) {
+	return c.cl.FlowChanges(ctx, since)
 }
 
 type acqTimer struct{ t *run.Timer }
@@ -183,8 +207,9 @@ func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*claimed, err
 	}
 	d := a.domainLocked(spec)
 	if len(d.waiters) == 0 {
-		if job := d.takeLocked(time.Now()); job != nil {
-			a.maybeClaimLocked(d) // refill
+		if job, buffered, ok := d.pre.Take(time.Now()); ok {
+			job.Waited += buffered // the time in the buffer is queue latency too
+			a.maybeClaimLocked(d)  // refill
 			a.mu.Unlock()
 			return job, nil
 		}
@@ -194,7 +219,7 @@ func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*claimed, err
 		a.stopTimer(&d.poll)
 	}
 	w := &waitingWorker{ch: make(chan handout, 1)}
-	d.tickLocked(time.Now(), len(d.waiters))
+	d.pre.Tick(time.Now(), len(d.waiters))
 	d.waiters = append(d.waiters, w)
 	a.maybeClaimLocked(d)
 	a.mu.Unlock()
@@ -242,8 +267,8 @@ func (a *acquirer) join(spec *domainSpec, workers, prefetch int) {
 	defer a.mu.Unlock()
 	d := a.domainLocked(spec)
 	d.users++
-	d.workers += workers
-	d.max = max(d.max, prefetch)
+	d.pre.Workers += workers
+	d.pre.Max = max(d.pre.Max, prefetch)
 }
 
 // leave unregisters a Work call whose waiting workers have all returned. When it
@@ -258,7 +283,7 @@ func (a *acquirer) leave(spec *domainSpec, workers int) []*claimed {
 		return nil
 	}
 	d.users--
-	d.workers -= workers
+	d.pre.Workers -= workers
 	if d.users > 0 {
 		return nil
 	}
@@ -274,7 +299,7 @@ func (a *acquirer) leave(spec *domainSpec, workers int) []*claimed {
 	if d.users > 0 { // another Work call joined meanwhile: it keeps the buffer
 		return nil
 	}
-	jobs := d.drainLocked()
+	jobs := d.pre.Drain()
 	a.gcLocked(d)
 	return jobs
 }
@@ -289,7 +314,7 @@ func (d *domain) indexLocked(w *waitingWorker) int {
 }
 
 func (d *domain) removeLocked(w *waitingWorker) bool {
-	d.tickLocked(time.Now(), len(d.waiters))
+	d.pre.Tick(time.Now(), len(d.waiters))
 	for i, x := range d.waiters {
 		if x == w {
 			d.waiters = append(d.waiters[:i:i], d.waiters[i+1:]...)
@@ -302,7 +327,7 @@ func (d *domain) removeLocked(w *waitingWorker) bool {
 // maybeClaimLocked starts the domain's claim goroutine when it has waiters
 // and nothing holds it back.
 func (a *acquirer) maybeClaimLocked(d *domain) {
-	if a.closed || d.querying || d.parked || d.retry != nil || len(d.waiters) == 0 && !d.lowLocked() {
+	if a.closed || d.querying || d.parked || d.retry != nil || len(d.waiters) == 0 && !d.pre.Low() {
 		return
 	}
 	d.querying = true
@@ -315,7 +340,7 @@ func (a *acquirer) claimLoop(d *domain) {
 		a.mu.Lock()
 		// Waiters an extra claim in flight asked for are not counted.
 		wanted := max(d.wantedLocked()-d.extraK, 0)
-		k := wanted + d.deficitLocked()
+		k := wanted + d.pre.Deficit()
 		if k == 0 || a.closed {
 			if !d.extra {
 				d.answerGoneLocked()
@@ -327,16 +352,16 @@ func (a *acquirer) claimLoop(d *domain) {
 		}
 		d.pending, d.posted = false, 0
 		started := time.Now()
-		d.startClaimLocked(started, len(d.waiters))
+		d.pre.StartClaim(started, len(d.waiters))
 		drops := d.drops
 		a.mu.Unlock()
 
 		res, err := a.claim(d, k, wanted)
-		jobs := res.jobs
+		jobs := res.Jobs
 
 		a.mu.Lock()
 		now := time.Now()
-		d.claimedLocked(now.Sub(started))
+		d.pre.Claimed(now.Sub(started))
 		var surplus []*claimed // if the acquirer closed, or a drop came, during the claim
 		if d.drops != drops {
 			// A pause or a tightened limit came while the statement ran,
@@ -349,7 +374,7 @@ func (a *acquirer) claimLoop(d *domain) {
 		if !d.extra {
 			d.answerGoneLocked()
 		}
-		d.short = err == nil && len(jobs) < k && res.limited == store.LimitedNone && d.drops == drops
+		d.short = err == nil && len(jobs) < k && res.Limited == store.LimitedNone && d.drops == drops
 		d.slots = d.slots || holdsSlots(jobs)
 		if a.closed {
 			surplus = append(surplus, jobs[n:]...)
@@ -382,17 +407,17 @@ func (a *acquirer) claimLoop(d *domain) {
 			a.mu.Unlock()
 			a.store.release(surplus)
 			continue
-		case res.limited == store.LimitedWait && res.next > 0:
-			// A rate limit: its next start is due in res.next.
+		case res.Limited == store.LimitedWait && res.Next > 0:
+			// A rate limit: its next start is due in res.Next.
 			d.errs.Reset()
 			d.skips.Reset()
 			a.endClaimLocked(d)
-			a.retryLocked(d, res.next)
+			a.retryLocked(d, res.Next)
 			a.gcLocked(d)
 			a.mu.Unlock()
 			a.store.release(surplus)
 			return
-		case res.limited == store.LimitedDemand && len(jobs) >= wanted && len(d.waiters) > 0:
+		case res.Limited == store.LimitedDemand && len(jobs) >= wanted && len(d.waiters) > 0:
 			// Every waiting worker counted got a job, jobs beyond them were
 			// held back (limited types are barely prefetched), and
 			// waiting workers came meanwhile.
@@ -401,7 +426,7 @@ func (a *acquirer) claimLoop(d *domain) {
 			a.mu.Unlock()
 			a.store.release(surplus)
 			continue
-		case res.limited == store.LimitedWait:
+		case res.Limited == store.LimitedWait:
 			// Slots are taken: a freed one is announced (by the finish or
 			// the sweep), and a limited domain also looks again within
 			// limitedPoll, for slots freed without an announcement (jobs
@@ -415,7 +440,7 @@ func (a *acquirer) claimLoop(d *domain) {
 			a.mu.Unlock()
 			a.store.release(surplus)
 			return
-		case res.skipped:
+		case res.Skipped:
 			// Jobs are there but locked: by a claim about to take them, or
 			// by a transaction adding a dependent (possibly for as long as
 			// the caller's transaction lasts). Look again soon, backing off.
@@ -446,12 +471,12 @@ func (a *acquirer) claim(d *domain, k, now int) (claimResult, error) {
 	if err == nil {
 		a.faults.OK("claims")
 	}
-	if err == nil && len(res.jobs) > k {
+	if err == nil && len(res.Jobs) > k {
 		// Broken invariant: keep what was asked for, give the rest back.
 		a.log.Error("backlog: claim returned more jobs than asked; releasing the extra",
-			"asked", k, "got", len(res.jobs), "types", d.spec.types)
-		a.store.release(res.jobs[k:])
-		res.jobs = res.jobs[:k]
+			"asked", k, "got", len(res.Jobs), "types", d.spec.types)
+		a.store.release(res.Jobs[k:])
+		res.Jobs = res.Jobs[:k]
 	}
 	return res, err
 }
@@ -464,9 +489,9 @@ func (a *acquirer) handOutLocked(d *domain, jobs []*claimed, now time.Time) int 
 	if a.closed {
 		n = 0
 	}
-	d.tickLocked(now, len(d.waiters))
+	d.pre.Tick(now, len(d.waiters))
 	for i := range n {
-		d.handLocked(jobs[i], now)
+		d.pre.Hand()
 		d.waiters[i].ch <- handout{job: jobs[i]}
 	}
 	d.waiters = append([]*waitingWorker(nil), d.waiters[n:]...)
@@ -545,7 +570,7 @@ func (a *acquirer) maybeExtraLocked(d *domain) {
 // the loop would have. drops is the domain's drop count when it started.
 func (a *acquirer) extraClaim(d *domain, k, drops int) {
 	res, err := a.claim(d, k, k)
-	jobs := res.jobs
+	jobs := res.Jobs
 	a.mu.Lock()
 	d.extra, d.extraK = false, 0
 	var surplus []*claimed
@@ -554,7 +579,7 @@ func (a *acquirer) extraClaim(d *domain, k, drops int) {
 		surplus, jobs = jobs, nil
 	}
 	n := a.handOutLocked(d, jobs, time.Now())
-	if a.closed || d.targetLocked() == 0 || holdsSlots(jobs) {
+	if a.closed || d.pre.Target() == 0 || holdsSlots(jobs) {
 		// Jobs no waiter took (the loop's claim served them meanwhile)
 		// go back unless the domain keeps a buffer: a leased job must not
 		// wait in a buffer nobody sized, nor hold a limit's slot there.
@@ -567,7 +592,7 @@ func (a *acquirer) extraClaim(d *domain, k, drops int) {
 	if full {
 		d.short = false // a backlog, perhaps: the loop's claims take it
 	}
-	again := err != nil || full || dropped || res.skipped || res.limited != store.LimitedNone
+	again := err != nil || full || dropped || res.Skipped || res.Limited != store.LimitedNone
 	if d.querying {
 		// The loop goes on, told to query again when this claim saw more
 		// (or failed); it answers the waiters whose contexts ended.
@@ -652,7 +677,7 @@ func (a *acquirer) gcLocked(d *domain) {
 	}
 	a.stopTimer(&d.poll)
 	a.stopTimer(&d.retry)
-	if d.users <= 0 && len(d.buf) == 0 && a.domains[d.spec.key] == d {
+	if d.users <= 0 && d.pre.Len() == 0 && a.domains[d.spec.key] == d {
 		delete(a.domains, d.spec.key)
 	}
 }
@@ -715,16 +740,7 @@ func (a *acquirer) drop(types []string) {
 			continue
 		}
 		d.drops++
-		keep := d.buf[:0]
-		for _, j := range d.buf {
-			if slices.Contains(types, j.Type) {
-				back = append(back, j)
-			} else {
-				keep = append(keep, j)
-			}
-		}
-		clear(d.buf[len(keep):])
-		d.buf = keep
+		back = append(back, d.pre.Remove(func(j *claimed) bool { return slices.Contains(types, j.Type) })...)
 	}
 	a.mu.Unlock()
 	a.store.holdBack(types)
@@ -734,8 +750,8 @@ func (a *acquirer) drop(types []string) {
 // bufferLocked adds jobs no waiting worker took to d's buffer, and has the flow
 // epoch watched while it holds them.
 func (a *acquirer) bufferLocked(d *domain, jobs []*claimed) {
-	d.prefetch.putLocked(jobs)
-	if len(d.buf) > 0 && a.flow.watch == nil && !a.flow.watching {
+	d.pre.Put(jobs)
+	if d.pre.Len() > 0 && a.flow.watch == nil && !a.flow.watching {
 		a.flow.watch = a.afterFuncLocked(flowWatch, a.watchFlowLocked)
 	}
 }
@@ -779,7 +795,7 @@ func (a *acquirer) watchFlowLocked(t *acqTimer) {
 // bufferedLocked reports whether any domain holds prefetched jobs.
 func (a *acquirer) bufferedLocked() bool {
 	for _, d := range a.domains {
-		if len(d.buf) > 0 {
+		if d.pre.Len() > 0 {
 			return true
 		}
 	}
@@ -839,7 +855,7 @@ func (a *acquirer) close() {
 			}
 			a.stopTimer(&d.poll)
 			a.stopTimer(&d.retry)
-			buffered = append(buffered, d.drainLocked()...)
+			buffered = append(buffered, d.pre.Drain()...)
 		}
 		a.stopTimer(&a.flow.watch)
 	}

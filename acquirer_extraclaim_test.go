@@ -104,15 +104,15 @@ func TestAcquirerExtraPostingWhileBothInFlight(t *testing.T) {
 		w3 := startAcquiree(t, a, d)
 		synctest.Wait()
 		a.post(posting.Posting{Type: "a"})                // job C committed, after e's snapshot: pending
-		l1.reply <- claimResult{jobs: []*claimed{j("a")}} // A: full
+		l1.reply <- claimResult{Jobs: []*claimed{j("a")}} // A: full
 		synctest.Wait()
 		w1.success()
-		e.reply <- claimResult{jobs: []*claimed{j("a")}} // B only (C is newer than e's snapshot)
+		e.reply <- claimResult{Jobs: []*claimed{j("a")}} // B only (C is newer than e's snapshot)
 		synctest.Wait()
 		w2.success()
 		// C is due and was posted while w3 waits: a claim runs at once.
 		c := nextCall(t, s)
-		c.reply <- claimResult{jobs: []*claimed{j("a")}}
+		c.reply <- claimResult{Jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		w3.success()
 	})
@@ -137,13 +137,13 @@ func TestAcquirerExtraLoopEndsFirst(t *testing.T) {
 		w2 := startAcquiree(t, a, d)
 		synctest.Wait()
 		a.post(posting.Posting{Type: "a"}) // pending
-		l1.reply <- claimResult{jobs: []*claimed{j("a")}}
+		l1.reply <- claimResult{Jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		w1.success()
 		noCall(t, s)             // the loop ended: w2 is counted for the extra claim
 		e.reply <- claimResult{} // short: what was posted is newer
 		c := nextCall(t, s)
-		c.reply <- claimResult{jobs: []*claimed{j("a")}}
+		c.reply <- claimResult{Jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		w2.success()
 	})
@@ -163,7 +163,7 @@ func TestAcquirerExtraSkippedWhileLoopRuns(t *testing.T) {
 		l1 := nextCall(t, s)
 		a.post(posting.Posting{Type: "a"}) // job B committed; B's row locked by another tx
 		e := nextCall(t, s)
-		e.reply <- claimResult{skipped: true} // B skipped (locked)
+		e.reply <- claimResult{Skipped: true} // B skipped (locked)
 		synctest.Wait()
 		l1.reply <- claimResult{} // its snapshot predates B: nothing
 		synctest.Wait()
@@ -180,7 +180,7 @@ func TestAcquirerExtraSkippedWhileLoopRuns(t *testing.T) {
 			}
 		}()
 		require.Less(t, time.Since(start), time.Second, "the skipped job was left to the backup poll")
-		c.reply <- claimResult{jobs: []*claimed{j("a")}}
+		c.reply <- claimResult{Jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		w1.success()
 	})
@@ -200,13 +200,13 @@ func TestAcquirerExtraSurplusGoesBack(t *testing.T) {
 		l1 := nextCall(t, s)
 		a.post(posting.Posting{Type: "a"}) // B
 		e := nextCall(t, s)
-		l1.reply <- claimResult{jobs: []*claimed{j("a")}}
+		l1.reply <- claimResult{Jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		w1.success()
-		e.reply <- claimResult{jobs: []*claimed{j("a")}}
+		e.reply <- claimResult{Jobs: []*claimed{j("a")}}
 		synctest.Wait()
 		a.mu.Lock()
-		n := len(a.domains[d.key].buf)
+		n := a.domains[d.key].pre.Len()
 		a.mu.Unlock()
 		require.Zero(t, n, "a leased job sits in the buffer of a domain with prefetch off")
 		s.mu.Lock()

@@ -47,7 +47,7 @@ func fillBuffer(t *testing.T, a *acquirer, d *domainSpec, want int) *domain {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	dom := a.domains[d.key]
-	require.NotEmpty(t, dom.buf, "nothing was prefetched")
+	require.NotZero(t, dom.pre.Len(), "nothing was prefetched")
 	return dom
 }
 
@@ -56,7 +56,7 @@ func bufferedTypes(a *acquirer, dom *domain) map[string]int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n := map[string]int{}
-	for _, j := range dom.buf {
+	for _, j := range dom.pre.Jobs() {
 		n[j.Type]++
 	}
 	return n

@@ -128,7 +128,7 @@ func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k, _ int) (claimRe
 			skipped = skipped || (d.matches(fj.job.Type, fj.job.Tags) && !fj.dueAt.After(now))
 		}
 	}
-	return claimResult{jobs: took, skipped: skipped}, nil
+	return claimResult{Jobs: took, Skipped: skipped}, nil
 }
 
 // lock holds a job as another transaction would: claims skip it.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/backlogq/backlog/internal/complete"
+	"github.com/backlogq/backlog/internal/claim"
 	"github.com/backlogq/backlog/internal/isolate"
 	"github.com/backlogq/backlog/internal/outage"
 	"github.com/backlogq/backlog/internal/pgerr"
@@ -59,20 +59,7 @@ type heldLease struct {
 // returned and the lease it is held under. The acquirer buffers and hands
 // out claimed jobs, the completer writes their outcomes; only Work turns
 // one into the *Job its handler sees (workCall.jobOf).
-type claimed struct {
-	store.Claimed
-	lease *heldLease
-}
-
-// outcome is the completer's request for c's outcome f; done, when set,
-// hears whether it was written.
-func (c *claimed) outcome(f store.Finish, done func(written bool)) *complete.Request {
-	r := &complete.Request{F: f, Type: c.Type, Tags: c.Tags, Slot: c.Slot, Done: done}
-	if c.lease != nil {
-		r.Lease = c.lease
-	}
-	return r
-}
+type claimed = claim.Job[*heldLease]
 
 // errHeldBack is why a job handed to a worker is given back before its
 // handler begins: its type was paused, or its limit tightened, after it
@@ -113,11 +100,11 @@ func newLeases(st *store.Store, log *slog.Logger, faults *outage.Tracker, d time
 func (l *leases) start() { l.group.Start(l.loop) }
 func (l *leases) stop()  { l.group.Stop(0) }
 
-// add registers the leases of freshly claimed jobs of the given types and
+// Add registers the leases of freshly claimed jobs of the given types and
 // returns their handles; sentAt is when the claim was sent. A job this process still
 // holds under an older token (it re-claimed the job after a stall longer
 // than the lease) loses that older lease: its handler is cancelled.
-func (l *leases) add(ids, tokens []uuid.UUID, types []string, sentAt time.Time) []*heldLease {
+func (l *leases) Add(ids, tokens []uuid.UUID, types []string, sentAt time.Time) []*heldLease {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]*heldLease, len(ids))

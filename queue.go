@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/backlogq/backlog/internal/claim"
 	"github.com/backlogq/backlog/internal/complete"
 	"github.com/backlogq/backlog/internal/maintain"
 	"github.com/backlogq/backlog/internal/migrate"
@@ -44,7 +45,7 @@ type Queue struct {
 	procs    *registry.Registry
 	leases   *leases
 	comp     *complete.Completer
-	claim    *claimer // the acquirer's claims (and the test runs')
+	claim    *claim.Claimer[*heldLease] // the acquirer's claims (and the test runs')
 	acq      *acquirer
 	maint    *maintain.Service
 	sched    *periodic.Scheduler
@@ -107,8 +108,8 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 		log, q.faults, q.committed)
 	q.comp = complete.New(q.store, complete.Config{Lease: cfg.lease, Announce: q.committed,
 		InPlace: q.maint.RetireSoon, Moved: q.maint.FinishedSome}, log, q.faults)
-	q.claim = &claimer{store: q.store, leases: q.leases, comp: q.comp, lease: cfg.lease, worker: cfg.workerID}
-	q.acq = newAcquirer(q.claim, log, q.faults, cfg.pollInterval, cfg.pollJitter, q.maint.Scheduled)
+	q.claim = claim.New(q.store, q.leases, q.comp, cfg.lease, cfg.workerID)
+	q.acq = newAcquirer(claimSource{cl: q.claim, leases: q.leases}, log, q.faults, cfg.pollInterval, cfg.pollJitter, q.maint.Scheduled)
 	if cfg.pollOnly {
 		q.announce = newLocalAnnouncer(q.acq, q.store, log, q.faults)
 	} else {

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/backlogq/backlog/internal/claim"
 	"github.com/backlogq/backlog/internal/maintain"
 	"github.com/backlogq/backlog/internal/posting"
 	"github.com/backlogq/backlog/internal/store"
@@ -31,7 +32,7 @@ func init() {
 type testRun struct {
 	q    *Queue
 	w    *workCall
-	cl   *claimer
+	cl   *claim.Claimer[*heldLease]
 	stop func() bool             // stops watching the caller's ctx
 	halt context.CancelCauseFunc // cancels the handlers' context
 
@@ -45,52 +46,19 @@ func newTestRun(ctx context.Context, qa, ha, oa any) (testbridge.Inline, error) 
 		return nil, invalid("queue", "must not be nil")
 	}
 	h, _ := ha.(Handler)
-	if h == nil {
-		return nil, invalid("handler", "must not be nil")
-	}
-	if f, ok := h.(HandlerFunc); ok && f == nil {
-		return nil, invalid("handler", "must not be a nil HandlerFunc")
-	}
 	opts, _ := oa.([]WorkOption)
-	cfg := workConfig{concurrency: 1, grace: defaultGracePeriod}
-	for _, o := range opts {
-		if o == nil {
-			return nil, invalid("options", "nil option")
-		}
-		o.applyWork(&cfg)
+	w, err := q.prepareWork(ctx, h, opts, workConfig{concurrency: 1, grace: defaultGracePeriod}, true)
+	if errors.Is(err, errStoppedEarly) {
+		return nil, context.Cause(ctx)
 	}
-	mux, _ := h.(*Mux)
-	if cfg.types == nil && mux != nil {
-		cfg.types = mux.Types()
-	}
-	if cfg.backoff != nil {
-		if err := cfg.backoff.validate(); err != nil {
-			return nil, err
-		}
-	}
-	var spec *domainSpec
-	if len(cfg.types) > 0 {
-		var err error
-		if spec, err = newDomainSpec(cfg.types, cfg.tags); err != nil {
-			return nil, err
-		}
-	} else if err := validateTags("worker tags", cfg.tags); err != nil {
+	if err != nil {
 		return nil, err
-	}
-	if q.isClosed() {
-		return nil, ErrClosed
-	}
-	if err := q.checkSchema(ctx); err != nil {
-		return nil, err
-	}
-	q.maint.EnsurePartitions(ctx)
-	if !q.beginWork() {
-		return nil, ErrClosed
 	}
 	hard, halt := context.WithCancelCause(context.WithoutCancel(ctx))
 	in := &testRun{q: q, cl: q.claim, halt: halt, waits: map[*claimed]chan bool{}}
 	in.stop = context.AfterFunc(ctx, func() { halt(ErrShutdown) })
-	in.w = &workCall{q: q, h: h, mux: mux, cfg: cfg, spec: spec, hard: hard, written: in.settled}
+	w.hard, w.written = hard, in.settled
+	in.w = w
 	return in, nil
 }
 
@@ -137,18 +105,18 @@ func (in *testRun) Work(ctx context.Context, id uuid.UUID) (testbridge.Run, erro
 	if err := q.store.LockOthers(ctx, tx, r.Type, id); err != nil {
 		return testbridge.Run{}, classify(err)
 	}
-	res, err := in.cl.claim(ctx, spec, 1, 1)
+	res, err := in.cl.Claim(ctx, spec.types, spec.tagsJ, 1, 1)
 	_ = tx.Rollback(context.WithoutCancel(ctx))
 	if err != nil {
 		return testbridge.Run{}, classify(err)
 	}
 	switch {
-	case len(res.jobs) == 1 && res.jobs[0].ID == id:
-		return in.run(ctx, res.jobs[0])
-	case len(res.jobs) > 0:
-		in.cl.release(res.jobs)
-		return testbridge.Run{}, fmt.Errorf("job %s (%s): the claim took job %s instead", id, r.Type, res.jobs[0].ID)
-	case res.limited != store.LimitedNone:
+	case len(res.Jobs) == 1 && res.Jobs[0].ID == id:
+		return in.run(ctx, res.Jobs[0])
+	case len(res.Jobs) > 0:
+		in.cl.Release(res.Jobs)
+		return testbridge.Run{}, fmt.Errorf("job %s (%s): the claim took job %s instead", id, r.Type, res.Jobs[0].ID)
+	case res.Limited != store.LimitedNone:
 		return testbridge.Run{}, fmt.Errorf("job %s (%s) was not claimed: a limit of its type (SetLimit) holds it back", id, r.Type)
 	default:
 		return testbridge.Run{}, fmt.Errorf("job %s (%s) was not claimed: its type is paused, or another transaction holds its row", id, r.Type)
@@ -176,15 +144,15 @@ func (in *testRun) Next(ctx context.Context, all bool) (testbridge.Run, bool, bo
 			break
 		}
 	}
-	res, err := in.cl.claim(ctx, spec, 1, 1)
+	res, err := in.cl.Claim(ctx, spec.types, spec.tagsJ, 1, 1)
 	if err != nil {
 		return testbridge.Run{}, false, false, classify(err)
 	}
-	if len(res.jobs) == 0 {
+	if len(res.Jobs) == 0 {
 		busy, err := q.store.Busy(ctx, spec.types, spec.tagsJ)
 		return testbridge.Run{}, false, busy, classify(err)
 	}
-	r, err := in.run(ctx, res.jobs[0])
+	r, err := in.run(ctx, res.Jobs[0])
 	return r, true, false, err
 }
 

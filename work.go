@@ -32,55 +32,15 @@ import (
 // unreachable or a transaction of yours holds the job's row, is left to the
 // Queue, which keeps writing it until Close.
 func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
-	if h == nil {
-		return invalid("handler", "must not be nil")
+	w, err := q.prepareWork(ctx, h, opts, workConfig{concurrency: defaultConcurrency, prefetch: defaultPrefetch, grace: defaultGracePeriod}, false)
+	if errors.Is(err, errStoppedEarly) {
+		return nil
 	}
-	if f, ok := h.(HandlerFunc); ok && f == nil {
-		return invalid("handler", "must not be a nil HandlerFunc")
-	}
-	cfg := workConfig{concurrency: defaultConcurrency, prefetch: defaultPrefetch, grace: defaultGracePeriod}
-	for _, o := range opts {
-		if o == nil {
-			return invalid("options", "nil option")
-		}
-		o.applyWork(&cfg)
-	}
-	mux, _ := h.(*Mux)
-	if cfg.types == nil && mux != nil {
-		cfg.types = mux.Types()
-	}
-	switch {
-	case cfg.concurrency < 1:
-		return invalid("concurrency", "must be at least 1, got %d", cfg.concurrency)
-	case cfg.grace < 0:
-		return invalid("grace period", "must not be negative, got %s", cfg.grace)
-	case cfg.prefetch < 0:
-		return invalid("prefetch", "must not be negative, got %d", cfg.prefetch)
-	}
-	if cfg.backoff != nil {
-		if err := cfg.backoff.validate(); err != nil {
-			return err
-		}
-	}
-	spec, err := newDomainSpec(cfg.types, cfg.tags)
 	if err != nil {
 		return err
 	}
-	if q.isClosed() {
-		return ErrClosed
-	}
-	if err := q.checkSchema(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped before it began
-		}
-		return err
-	}
-
-	q.maint.EnsurePartitions(ctx)
-	if !q.beginWork() {
-		return ErrClosed
-	}
 	defer q.works.Done()
+	cfg, spec := w.cfg, w.spec
 
 	// Claiming stops with ctx or Close; handlers run under hard, which only
 	// the end of the grace period cancels.
@@ -89,7 +49,7 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	hard, hardStop := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer hardStop(nil)
 
-	w := &workCall{q: q, h: h, mux: mux, cfg: cfg, spec: spec, hard: hard}
+	w.hard = hard
 	q.procs.Join(w)
 	defer q.procs.Leave(w) // after every outcome is written, before Close may go on
 	q.acq.flowBaseline(ctx)
@@ -101,7 +61,7 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 				job, err := q.acq.acquire(claimCtx, spec)
 				if job != nil && err != nil {
 					// Handed a job as Work stopped: give it back.
-					w.submit(job, releaseOf(job))
+					w.submit(job, store.Release(job.ID, job.Token))
 				}
 				if err != nil {
 					return
@@ -136,10 +96,76 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	grace.Stop()
 	// The last Work call of a domain gives back the jobs it prefetched.
 	for _, job := range q.acq.leave(spec, cfg.concurrency) {
-		w.submit(job, releaseOf(job))
+		w.submit(job, store.Release(job.ID, job.Token))
 	}
 	w.awaitOutcomes(cfg.grace, spec)
 	return result
+}
+
+// errStoppedEarly: the caller's ctx ended while Work was being prepared.
+var errStoppedEarly = errors.New("backlog: stopped before it began")
+
+// prepareWork is what Work and the test runs of package backlogtest
+// (testrun.go) do before they take a job: it checks h and the options
+// (applied over cfg, the caller's defaults), builds the call's domain,
+// checks the schema and registers the call with the Queue (q.works, which
+// the caller must mark Done). anyType: the call may be given no types (a
+// test run takes a job by ID, of whatever type); its spec is then nil. It
+// returns ErrClosed after Close, errStoppedEarly when ctx ended while the
+// schema was checked, or an *InputError.
+func (q *Queue) prepareWork(ctx context.Context, h Handler, opts []WorkOption, cfg workConfig, anyType bool) (*workCall, error) {
+	if h == nil {
+		return nil, invalid("handler", "must not be nil")
+	}
+	if f, ok := h.(HandlerFunc); ok && f == nil {
+		return nil, invalid("handler", "must not be a nil HandlerFunc")
+	}
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalid("options", "nil option")
+		}
+		o.applyWork(&cfg)
+	}
+	mux, _ := h.(*Mux)
+	if cfg.types == nil && mux != nil {
+		cfg.types = mux.Types()
+	}
+	switch {
+	case cfg.concurrency < 1:
+		return nil, invalid("concurrency", "must be at least 1, got %d", cfg.concurrency)
+	case cfg.grace < 0:
+		return nil, invalid("grace period", "must not be negative, got %s", cfg.grace)
+	case cfg.prefetch < 0:
+		return nil, invalid("prefetch", "must not be negative, got %d", cfg.prefetch)
+	}
+	if cfg.backoff != nil {
+		if err := cfg.backoff.validate(); err != nil {
+			return nil, err
+		}
+	}
+	var spec *domainSpec
+	if len(cfg.types) > 0 || !anyType {
+		var err error
+		if spec, err = newDomainSpec(cfg.types, cfg.tags); err != nil {
+			return nil, err
+		}
+	} else if err := validateTags("worker tags", cfg.tags); err != nil {
+		return nil, err
+	}
+	if q.isClosed() {
+		return nil, ErrClosed
+	}
+	if err := q.checkSchema(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil, errStoppedEarly
+		}
+		return nil, err
+	}
+	q.maint.EnsurePartitions(ctx)
+	if !q.beginWork() {
+		return nil, ErrClosed
+	}
+	return &workCall{q: q, h: h, mux: mux, cfg: cfg, spec: spec}, nil
 }
 
 // awaitOutcomes waits until every outcome of the call's jobs is written,
@@ -203,7 +229,7 @@ func (w *workCall) jobOf(c *claimed) *Job {
 	return &Job{ID: c.ID, Type: c.Type, Args: c.Args, Tags: c.Tags, Attempt: c.Attempt,
 		MaxAttempts: c.MaxAttempts, Priority: c.Priority, Timeout: c.Timeout, CreatedAt: c.CreatedAt,
 		RunAt: c.RunAt, Metadata: c.Meta, pre: c.Prereqs,
-		att: workAttempt{leases: w.q.leases, lease: c.lease, store: w.q.store}}
+		att: workAttempt{leases: w.q.leases, lease: c.Lease, store: w.q.store}}
 }
 
 // run runs the claimed job c and submits its outcome, which it returns
@@ -213,7 +239,7 @@ func (w *workCall) run(c *claimed) (*Job, store.Finish, error) {
 	ls := w.q.leases
 	ctx, cancel := context.WithCancelCause(w.hard)
 	defer cancel(nil)
-	if err := ls.begin(c.lease, cancel); err != nil {
+	if err := ls.begin(c.Lease, cancel); err != nil {
 		if errors.Is(err, ErrCancelled) {
 			f := store.Finish{ID: c.ID, Token: c.Token, State: string(StateCancelled), Err: store.ErrorText(err)}
 			w.submit(c, f)
@@ -222,14 +248,14 @@ func (w *workCall) run(c *claimed) (*Job, store.Finish, error) {
 		if errors.Is(err, errHeldBack) {
 			// Paused, or its limits tightened, since it was claimed: it
 			// goes back, to be claimed under the new rules.
-			f := releaseOf(c)
+			f := store.Release(c.ID, c.Token)
 			w.submit(c, f)
 			return nil, f, nil
 		}
 		// The lease could not be confirmed in time before the handler
 		// started: give the job back (refused if it is no longer ours).
 		w.q.log.Warn("backlog: lease lost before the job started; releasing it", "job", c.ID, "type", c.Type)
-		f := releaseOf(c)
+		f := store.Release(c.ID, c.Token)
 		w.submit(c, f)
 		return nil, f, nil
 	}
@@ -256,7 +282,7 @@ func (w *workCall) run(c *claimed) (*Job, store.Finish, error) {
 	// outcome is written: the write is fenced by the lease token, so it
 	// lands only if the database still holds the job under this attempt,
 	// which spares a needless re-run.
-	end := ls.end(c.lease)
+	end := ls.end(c.Lease)
 	f := w.outcome(c, job, err, cause, end.fail)
 	f.Progress = end.progress // written with the outcome
 	if hooks.Finished != nil {
@@ -297,7 +323,7 @@ func (w *workCall) submit(c *claimed, f store.Finish) {
 			w.finishes.Done()
 		}
 	}
-	w.q.comp.Submit(c.outcome(f, done))
+	w.q.comp.Submit(c.Request(f, done))
 }
 
 // outcome maps what the handler returned to the write that records it.
