@@ -108,10 +108,19 @@ func (q *Queue) enqueue(ctx context.Context, tx store.DB, specs []JobSpec) ([]uu
 
 // insert is insertSpecs with the Enqueuing and Enqueued hooks.
 func (q *Queue) insert(ctx context.Context, tx store.DB, queueTx bool, specs []JobSpec) (out []Inserted, posts []posting.Posting, err error) {
-	hooks := q.cfg.hooks
-	if hooks.Enqueuing == nil && hooks.Enqueued == nil {
-		return q.insertSpecs(ctx, tx, queueTx, specs)
+	if hooks := q.cfg.hooks; hooks.Enqueuing != nil || hooks.Enqueued != nil {
+		var enqueued func([]Inserted, error)
+		specs, enqueued = q.enqueueHooks(ctx, specs)
+		defer func() { enqueued(out, err) }()
 	}
+	return q.insertSpecs(ctx, tx, queueTx, specs)
+}
+
+// enqueueHooks calls the Enqueuing hook for specs and returns them with
+// the metadata it gave, and the function that calls the Enqueued hook
+// with the insert's outcome (with the context Enqueuing returned).
+func (q *Queue) enqueueHooks(ctx context.Context, specs []JobSpec) ([]JobSpec, func([]Inserted, error)) {
+	hooks := q.cfg.hooks
 	typ := ""
 	for i, s := range specs {
 		if i == 0 {
@@ -129,19 +138,21 @@ func (q *Queue) insert(ctx context.Context, tx store.DB, queueTx bool, specs []J
 		}
 		specs = withMetadata(specs, meta)
 	}
-	if h := hooks.Enqueued; h != nil {
-		start := time.Now()
-		defer func() {
-			ev := EnqueueEvent{Type: typ, Jobs: len(specs), Duration: time.Since(start), Err: err}
-			for _, r := range out {
-				if r.Duplicate {
-					ev.Duplicates++
-				}
+	start := time.Now()
+	n := len(specs)
+	return specs, func(out []Inserted, err error) {
+		h := hooks.Enqueued
+		if h == nil {
+			return
+		}
+		ev := EnqueueEvent{Type: typ, Jobs: n, Duration: time.Since(start), Err: err}
+		for _, r := range out {
+			if r.Duplicate {
+				ev.Duplicates++
 			}
-			h(hctx, ev)
-		}()
+		}
+		h(hctx, ev)
 	}
-	return q.insertSpecs(ctx, tx, queueTx, specs)
 }
 
 // withMetadata returns specs with meta put before each one's options, so

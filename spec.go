@@ -2,6 +2,7 @@ package backlog
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -116,15 +117,15 @@ func findCycle(jobs []store.GraphJob, index map[uuid.UUID]int) []uuid.UUID {
 
 // buildJob validates one spec and turns it into a row.
 func buildJob(s JobSpec) (store.GraphJob, error) {
-	if err := validateType(s.Type); err != nil {
-		return store.GraphJob{}, err
-	}
 	c := enqueueConfig{priority: DefaultPriority, maxAttempts: DefaultMaxAttempts}
 	for _, o := range s.Options {
 		if o == nil {
 			return store.GraphJob{}, invalid("options", "nil option")
 		}
 		o.applyEnqueue(&c)
+	}
+	if err := validateType(s.Type); err != nil {
+		return store.GraphJob{}, err
 	}
 	args, err := encodeArgs(s.Args)
 	if err != nil {
@@ -195,4 +196,12 @@ func buildJob(s JobSpec) (store.GraphJob, error) {
 			ConcurrencyKey: c.concKey, Meta: meta},
 		DependsOn: deps, OrderingKey: c.orderingKey, UniqueKey: c.uniqueKey,
 	}, nil
+}
+
+// fieldErr names the batch member err is about, when there are several.
+func fieldErr(index int, batch bool, err error) error {
+	if !batch {
+		return err
+	}
+	return fmt.Errorf("job %d: %w", index, err)
 }

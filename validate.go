@@ -2,7 +2,6 @@ package backlog
 
 import (
 	"encoding/json"
-	"fmt"
 	"regexp"
 	"strings"
 	"time"
@@ -179,11 +178,4 @@ func validateMillis(field string, d time.Duration, upper time.Duration) error {
 // ceilMillis rounds d up to whole milliseconds.
 func ceilMillis(d time.Duration) time.Duration {
 	return (d + time.Millisecond - 1).Truncate(time.Millisecond)
-}
-
-func fieldErr(index int, batch bool, err error) error {
-	if !batch {
-		return err
-	}
-	return fmt.Errorf("job %d: %w", index, err)
 }

@@ -236,28 +236,20 @@ func (w *workCall) jobOf(c *claimed) *Job {
 // with the Job the handler got (nil when it did not start) and the
 // handler's error.
 func (w *workCall) run(c *claimed) (*Job, store.Finish, error) {
+	job, f, err := w.attempt(c)
+	w.submit(c, f)
+	return job, f, err
+}
+
+// attempt runs the handler on c under its lease and returns the outcome
+// to write, with the Job the handler got (nil when it did not start) and
+// the handler's error.
+func (w *workCall) attempt(c *claimed) (*Job, store.Finish, error) {
 	ls := w.q.leases
 	ctx, cancel := context.WithCancelCause(w.hard)
 	defer cancel(nil)
 	if err := ls.begin(c.Lease, cancel); err != nil {
-		if errors.Is(err, ErrCancelled) {
-			f := store.Finish{ID: c.ID, Token: c.Token, State: string(StateCancelled), Err: store.ErrorText(err)}
-			w.submit(c, f)
-			return nil, f, nil
-		}
-		if errors.Is(err, errHeldBack) {
-			// Paused, or its limits tightened, since it was claimed: it
-			// goes back, to be claimed under the new rules.
-			f := store.Release(c.ID, c.Token)
-			w.submit(c, f)
-			return nil, f, nil
-		}
-		// The lease could not be confirmed in time before the handler
-		// started: give the job back (refused if it is no longer ours).
-		w.q.log.Warn("backlog: lease lost before the job started; releasing it", "job", c.ID, "type", c.Type)
-		f := store.Release(c.ID, c.Token)
-		w.submit(c, f)
-		return nil, f, nil
+		return nil, w.notStarted(c, err), nil
 	}
 	job := w.jobOf(c)
 	if job.Timeout > 0 {
@@ -292,8 +284,25 @@ func (w *workCall) run(c *claimed) (*Job, store.Finish, error) {
 		}
 		hooks.Finished(ctx, job, JobEvent{Outcome: o, Duration: ran, QueueLatency: c.Waited, Err: err})
 	}
-	w.submit(c, f)
 	return job, f, err
+}
+
+// notStarted is the outcome of a job whose handler must not start, for
+// the reason leases.begin gave.
+func (w *workCall) notStarted(c *claimed, why error) store.Finish {
+	switch {
+	case errors.Is(why, ErrCancelled):
+		return store.Finish{ID: c.ID, Token: c.Token, State: string(StateCancelled), Err: store.ErrorText(why)}
+	case errors.Is(why, errHeldBack):
+		// Paused, or its limits tightened, since it was claimed: it goes
+		// back, to be claimed under the new rules.
+		return store.Release(c.ID, c.Token)
+	default:
+		// The lease could not be confirmed in time before the handler
+		// started: give the job back (refused if it is no longer ours).
+		w.q.log.Warn("backlog: lease lost before the job started; releasing it", "job", c.ID, "type", c.Type)
+		return store.Release(c.ID, c.Token)
+	}
 }
 
 // outcomeOf names the write f for hooks.
