@@ -121,6 +121,7 @@
 //   - [WithCleanInterval]: 1 minute
 //   - [WithRetention]: 24 hours for completed jobs, 7 days for failed and
 //     cancelled ones; each at most 90 days
+//   - [WithDiscardCompleted]: none (every finished job is kept)
 //   - [WithRetryBackoff]: [DefaultBackoff] (1 s, doubling, capped at 1 h,
 //     ±50 % jitter)
 //

@@ -342,3 +342,10 @@ func TestMigration20DownRestoresVersion19(t *testing.T) {
 	t.Parallel()
 	migrationDownRestores(t, 20)
 }
+
+// TestMigration21DownRestoresVersion20: the same for 0021 (completed jobs
+// deleted at completion): finish() returns to its version 19 definition.
+func TestMigration21DownRestoresVersion20(t *testing.T) {
+	t.Parallel()
+	migrationDownRestores(t, 21)
+}

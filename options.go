@@ -2,6 +2,7 @@ package backlog
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -59,8 +60,12 @@ type config struct {
 	cleanInterval  time.Duration
 	keepCompleted  time.Duration
 	keepFailed     time.Duration
-	hooks          Hooks
-	clock          func() time.Time // wall clock; tests skew it
+	// discard: completed jobs nobody needs kept are deleted at completion
+	// (WithDiscardCompleted): of every type (discardAll), or of these.
+	discardAll bool
+	discard    map[string]bool
+	hooks      Hooks
+	clock      func() time.Time // wall clock; tests skew it
 }
 
 // validate checks a Queue's configuration.
@@ -91,6 +96,12 @@ func (cfg *config) validate() error {
 	}
 	if err := validateText("worker id", cfg.workerID, maxWorkerIDBytes, true); err != nil {
 		return err
+	}
+	for t := range cfg.discard {
+		var ie *InputError
+		if err := validateType(t); errors.As(err, &ie) {
+			return invalid("discard completed", "type %q: %s", t, ie.Reason)
+		}
 	}
 	return cfg.backoff.validate()
 }
@@ -196,6 +207,40 @@ const maxRetention = 90 * 24 * time.Hour
 func WithRetention(completed, failed time.Duration) Option {
 	return queueOption(func(c *config) { c.keepCompleted, c.keepFailed = completed, failed })
 }
+
+// WithDiscardCompleted deletes the completed jobs of the given types (of
+// every type when none is given) that nobody needs kept, at completion,
+// instead of moving them to job_history, as graphile-worker does with
+// every job: finishing such a job then writes one row less, which is what
+// a large backlog of short jobs spends most of its time on. A completed
+// job is kept all the same when its handler set a result (SetResult), when
+// a Wait for it had begun before it completed, or when other jobs depend
+// on it (DependsOn, a later job of its ordering key): their results and
+// outcomes are read from job_history. A job whose outcome had to wait for
+// its row (a transaction of yours held it) is written in place and kept
+// as usual. Failed and cancelled jobs are always kept. The per-minute
+// counters (Stats, Throughput, the dashboard) count deleted jobs too; Job,
+// List, Wait and the dashboard no longer find them once completed (Wait
+// returns ErrNotFound). Several calls add up. Defaults to none: every
+// finished job is kept for its retention (WithRetention).
+func WithDiscardCompleted(types ...string) Option {
+	return queueOption(func(c *config) {
+		if len(types) == 0 {
+			c.discardAll = true
+			return
+		}
+		if c.discard == nil {
+			c.discard = map[string]bool{}
+		}
+		for _, t := range types {
+			c.discard[t] = true
+		}
+	})
+}
+
+// discards reports whether completed jobs of type typ may be deleted at
+// completion (WithDiscardCompleted).
+func (cfg *config) discards(typ string) bool { return cfg.discardAll || cfg.discard[typ] }
 
 // WithCleanInterval sets how often a Work process runs the cleaner (jittered
 // by up to 20 %). Defaults to 1 minute.

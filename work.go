@@ -350,7 +350,7 @@ func (w *workCall) outcome(c *claimed, job *Job, err, cause, fail error) store.F
 			f.State, f.Err = string(StateFailed), store.ErrorText(errors.Unwrap(rerr)) // the InputError, without "permanent: "
 			return f
 		}
-		f.State, f.Result = string(StateCompleted), res
+		f.State, f.Result, f.Discard = string(StateCompleted), res, w.q.cfg.discards(c.Type)
 	case errors.Is(cause, ErrCancelled):
 		if !errors.Is(err, ErrCancelled) {
 			err = fmt.Errorf("%w: %w", ErrCancelled, err)

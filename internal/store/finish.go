@@ -40,6 +40,10 @@ type Finish struct {
 	// Progress is the job's latest progress, written with the outcome
 	// (nil: unchanged).
 	Progress json.RawMessage
+	// Discard, with State completed: the job may be deleted rather than
+	// moved to job_history when nobody needs it kept (no result, no Wait,
+	// no dependents). Only Finish honours it; FinishGraph keeps the job.
+	Discard bool
 }
 
 // The values of Finish's fields that give a job back without a retry.
@@ -215,12 +219,17 @@ type finishArrays struct {
 	progress    []json.RawMessage // nil when no job has any
 }
 
-func finishArraysOf(fs []Finish) finishArrays {
+// finishArraysOf builds the arrays of fs; discard: completions marked
+// Discard are sent as 'discarded' (finish() of migration 21).
+func finishArraysOf(fs []Finish, discard bool) finishArrays {
 	n := len(fs)
 	a := finishArrays{ids: make([][16]byte, n), tokens: make([][16]byte, n), states: make([]string, n),
 		delays: make([]int64, n), deltas: make([]int32, n), results: make([]json.RawMessage, n), errs: make([]*string, n)}
 	for i, f := range fs {
 		a.ids[i], a.tokens[i], a.states[i] = f.ID, f.Token, f.State
+		if discard && f.Discard && f.State == "completed" {
+			a.states[i] = "discarded"
+		}
 		a.delays[i], a.deltas[i] = f.Delay.Milliseconds(), int32(f.AttemptDelta)
 		if f.Delay < 0 {
 			a.delays[i] = -1 // KeepRunAt
@@ -258,7 +267,7 @@ func (s *Store) Finish(ctx context.Context, fs []Finish) (FinishResult, error) {
 		}
 		seen[f.ID] = true
 	}
-	a := finishArraysOf(fs)
+	a := finishArraysOf(fs, true)
 	exclude := [][16]byte{}
 	for range n + 1 {
 		res, graph, err := s.finishOnce(ctx, &a, exclude)
@@ -346,7 +355,7 @@ func (s *Store) FinishGraph(ctx context.Context, fs []Finish, wait bool) (Finish
 	fs = append([]Finish(nil), fs...)
 	sort.Slice(fs, func(i, j int) bool { return bytes.Compare(fs[i].ID[:], fs[j].ID[:]) < 0 })
 	n := len(fs)
-	a := finishArraysOf(fs)
+	a := finishArraysOf(fs, false)
 	stmt, timeout := s.fin.skip, FastLockTimeout
 	if wait {
 		stmt, timeout = s.fin.wait, SlowLockTimeout

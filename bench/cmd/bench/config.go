@@ -51,7 +51,7 @@ var workloadNames = []string{"burndown", "steady", "latency", "idle", "flow"}
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	quick := fs.Bool("quick", false, "the under-a-minute-or-two variant: fewer jobs, shorter phases, one run each, no 10/s latency rate")
-	only := fs.String("only", "", "systems to run (comma-separated): backlog, river, river-tuned, floor, graphile (default all, or backlog,river-tuned,floor,graphile with -quick)")
+	only := fs.String("only", "", "systems to run (comma-separated): backlog, backlog-discard, river, river-tuned, floor, graphile (default all, or backlog,river-tuned,floor,graphile with -quick)")
 	wls := fs.String("workloads", strings.Join(workloadNames, ","), "workloads to run (comma-separated): burndown, steady, latency, idle, flow (backlog only)")
 	runs := fs.Int("runs", 0, "runs per system of every workload (flow: its burn-downs), reported as medians with their range (default 3, or 1 with -quick)")
 	jobs := fs.Int("jobs", 0, "burn-down jobs (default 200000, or 20000 with -quick)")
@@ -71,7 +71,7 @@ func parseFlags(args []string) (*config, error) {
 		inserters: 4, idleDomains: 20, idleWorkers: 10, floorConns: 2, floorBatch: 1000,
 		setupTimeout: 2 * time.Minute, stopTimeout: 20 * time.Second, latSettle: time.Second,
 		steadyWarmup: time.Second, idleWarmup: 11 * time.Second}
-	systems := "backlog,river,river-tuned,floor,graphile"
+	systems := "backlog,backlog-discard,river,river-tuned,floor,graphile"
 	if c.quick {
 		// A few minutes: the comparison the targets name (backlog at its
 		// defaults, River with its benchmark's settings, the floor,
@@ -104,7 +104,7 @@ func parseFlags(args []string) (*config, error) {
 	if *only != "" {
 		systems = *only
 	}
-	if c.only, err = parseList(systems, []string{"backlog", "river", "river-tuned", "floor", "graphile"}); err != nil {
+	if c.only, err = parseList(systems, []string{"backlog", "backlog-discard", "river", "river-tuned", "floor", "graphile"}); err != nil {
 		return nil, fmt.Errorf("-only: %w", err)
 	}
 	if c.workloads, err = parseList(*wls, workloadNames); err != nil {

@@ -23,7 +23,7 @@ type floorSys struct {
 }
 
 func newFloor(env *benchEnv, schema string) *floorSys {
-	return &floorSys{backlogSys: newBacklog(env, schema)}
+	return &floorSys{backlogSys: newBacklog(env, schema, false)}
 }
 
 func (s *floorSys) Insert(context.Context, int64) error {
