@@ -214,14 +214,14 @@ func WithRetention(completed, failed time.Duration) Option {
 // every job: finishing such a job then writes one row less, which is what
 // a large backlog of short jobs spends most of its time on. A completed
 // job is kept all the same when its handler set a result (SetResult), when
-// a Wait for it had begun before it completed, or when other jobs depend
+// a Wait had marked it before it completed, or when other jobs depend
 // on it (DependsOn, a later job of its ordering key): their results and
 // outcomes are read from job_history. A job whose outcome had to wait for
 // its row (a transaction of yours held it) is written in place and kept
 // as usual. Failed and cancelled jobs are always kept. The per-minute
 // counters (Stats, Throughput, the dashboard) count deleted jobs too; Job,
-// List, Wait and the dashboard no longer find them once completed (Wait
-// returns ErrNotFound). Several calls add up. Defaults to none: every
+// List, Wait and the dashboard no longer find them once completed (a
+// Wait that comes later returns ErrNotFound). Several calls add up. Defaults to none: every
 // finished job is kept for its retention (WithRetention).
 func WithDiscardCompleted(types ...string) Option {
 	return queueOption(func(c *config) {

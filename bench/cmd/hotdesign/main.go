@@ -18,6 +18,9 @@
 //   - finish-fn: backlog's own finish() (the statement its completer
 //     sends): the move into job_history with fencing, counters, notices
 //     and the dependents' check.
+//   - finish-fn-discard: the same finish() with every completion sent as
+//     'discarded' (WithDiscardCompleted): the fencing, counters and
+//     dependents' check, nothing kept.
 //   - delete: finished rows deleted, nothing kept.
 package main
 
@@ -46,7 +49,7 @@ var (
 	batch  = flag.Int("batch", 1000, "jobs per claim")
 	conns  = flag.Int("conns", 2, "connections claiming and finishing")
 	runs   = flag.Int("runs", 3, "runs per design (alternating); medians are printed")
-	only   = flag.String("only", "update,move,move-part,move-part-brin,finish-fn,delete", "designs")
+	only   = flag.String("only", "update,move,move-part,move-part-brin,finish-fn,finish-fn-discard,delete", "designs")
 	schema = "hotdesign"
 )
 
@@ -161,6 +164,20 @@ CREATE TABLE ` + h + `_2 PARTITION OF ` + h + ` FOR VALUES FROM (now() + interva
 	array_fill('completed'::text, ARRAY[cardinality($1::uuid[])]), array_fill(0::bigint, ARRAY[cardinality($1::uuid[])]),
 	array_fill(0, ARRAY[cardinality($1::uuid[])]), array_fill(NULL::jsonb, ARRAY[cardinality($1::uuid[])]),
 	array_fill(NULL::text, ARRAY[cardinality($1::uuid[])]), '{}'::uuid[], 'hotdesign', 86400000, 604800000, 10)
+WHERE status = 1`,
+			retire: func(ctx context.Context, c *pgx.Conn) error {
+				_, err := c.Exec(ctx, `VACUUM `+schema+`.jobs`)
+				return err
+			}},
+		{name: "finish-fn-discard",
+			// The same with every completion sent as 'discarded'
+			// (WithDiscardCompleted, migration 21): nothing kept.
+			retryBusy: true,
+			finish: `SELECT id, status FROM ` + schema + `.finish($1::uuid[], $2::uuid[],
+	array_fill('discarded'::text, ARRAY[cardinality($1::uuid[])]), array_fill(0::bigint, ARRAY[cardinality($1::uuid[])]),
+	array_fill(0, ARRAY[cardinality($1::uuid[])]), array_fill(NULL::jsonb, ARRAY[cardinality($1::uuid[])]),
+	array_fill(NULL::text, ARRAY[cardinality($1::uuid[])]), '{}'::uuid[], 'hotdesign', 86400000, 604800000, 10,
+	array_fill(NULL::jsonb, ARRAY[cardinality($1::uuid[])]))
 WHERE status = 1`,
 			retire: func(ctx context.Context, c *pgx.Conn) error {
 				_, err := c.Exec(ctx, `VACUUM `+schema+`.jobs`)
