@@ -145,3 +145,32 @@ func TestDiscardCompletedRefusesBadTypes(t *testing.T) {
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "discard completed", ie.Field)
 }
+
+// A job enqueued after its prerequisite was deleted at completion is
+// refused with an *InputError that says why (the prerequisite is gone),
+// and nothing is written; in the same batch the dependent is kept waiting
+// and runs.
+func TestDiscardCompletedAndLaterDependents(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithDiscardCompleted("pre"))
+	ctx := context.Background()
+	pre, err := e.q.Enqueue(ctx, "pre", nil)
+	require.NoError(t, err)
+	batch := []backlog.JobSpec{{ID: backlog.NewID(), Type: "pre"}}
+	batch = append(batch, backlog.JobSpec{Type: "dep", Options: []backlog.EnqueueOption{backlog.DependsOn(batch[0].ID)}})
+	ids, err := e.q.EnqueueMany(ctx, batch)
+	require.NoError(t, err)
+	work(t, e.q, backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil }), backlog.Types("pre", "dep"))
+	e.waitState(ids[1], 10*time.Second, backlog.StateCompleted)
+	e.waitState(ids[0], 10*time.Second, backlog.StateCompleted) // kept: it had a dependent
+	require.Eventually(t, func() bool { return e.count("id = $1", pre) == 0 && e.countLive("id = $1", pre) == 0 },
+		10*time.Second, 10*time.Millisecond, "the prerequisite without dependents was not deleted")
+
+	before := e.count("true")
+	_, err = e.q.Enqueue(ctx, "dep", nil, backlog.DependsOn(pre))
+	var ie *backlog.InputError
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, "depends on", ie.Field)
+	require.Contains(t, ie.Reason, "WithDiscardCompleted")
+	require.Equal(t, before, e.count("true"), "nothing written")
+}

@@ -310,6 +310,11 @@ func (q *Queue) insertGraph(ctx context.Context, tx store.DB, queueTx bool, jobs
 		res, err := q.store.InsertGraph(ctx, tx, jobs)
 		switch {
 		case errors.Is(err, store.ErrUnknownPrerequisites):
+			if q.cfg.discardAll || len(q.cfg.discard) > 0 {
+				return invalid("depends on", "%v (this Queue deletes completed jobs nobody needs kept, WithDiscardCompleted: "+
+					"one that completed before its dependent was enqueued is gone; enqueue dependents with their prerequisites "+
+					"in one EnqueueMany, or leave the prerequisite's type out)", err)
+			}
 			return invalid("depends on", "%v", err)
 		case pgerr.DuplicateKey(err, "jobs_pkey"):
 			return invalid("id", "a job with this ID exists already")

@@ -221,7 +221,10 @@ func WithRetention(completed, failed time.Duration) Option {
 // as usual. Failed and cancelled jobs are always kept. The per-minute
 // counters (Stats, Throughput, the dashboard) count deleted jobs too; Job,
 // List, Wait and the dashboard no longer find them once completed (a
-// Wait that comes later returns ErrNotFound). Several calls add up. Defaults to none: every
+// Wait that comes later returns ErrNotFound), and a job enqueued later
+// with DependsOn on one is refused as naming an unknown prerequisite:
+// enqueue dependents together with their prerequisites (one EnqueueMany),
+// or leave such types out. Several calls add up. Defaults to none: every
 // finished job is kept for its retention (WithRetention).
 func WithDiscardCompleted(types ...string) Option {
 	return queueOption(func(c *config) {

@@ -11,7 +11,12 @@
 -- (internal/store TestClaimReturnsJobsInTheOrderItChoseThem). Now the
 -- rows are returned in the order of v_ids.
 --
--- Also: the body no longer turns synchronous_commit off (version 17 made
+-- Also: a claim of several types reads each type once (v_types, its
+-- types without repeats): with a type named twice in p_types, version 12
+-- returned each job twice (a row this transaction locked is not skipped
+-- by SKIP LOCKED), now the order's join would too.
+--
+-- And: the body no longer turns synchronous_commit off (version 17 made
 -- that SET LOCAL inert with the function's SET clause, kept here), and the
 -- SET clauses of versions 13 and 17 are part of the definition, since
 -- CREATE OR REPLACE replaces them.
@@ -63,7 +68,7 @@ BEGIN
                 ORDER BY j.priority, j.run_at, j.id LIMIT p_k FOR UPDATE SKIP LOCKED) n;
         ELSE
             SELECT array_agg(c.id) INTO v_ids FROM (
-                SELECT l.id FROM unnest(p_types) AS t(type) CROSS JOIN LATERAL (
+                SELECT l.id FROM unnest(v_types) AS t(type) CROSS JOIN LATERAL (
                     SELECT j.id, j.priority, j.run_at FROM jobs j
                     WHERE j.state = 'available' AND j.concurrency_key IS NULL AND j.type = t.type AND j.run_at <= now() AND j.tags <@ p_tags
                     ORDER BY j.priority, j.run_at, j.id LIMIT p_k FOR UPDATE SKIP LOCKED) l

@@ -1,4 +1,19 @@
--- Back to version 20: finish() of version 19 (no 'discarded' state).
+-- Back to version 20: finish() of version 19 (no 'discarded' state), and
+-- the counters of deleted jobs folded into those of completed ones.
+WITH d AS (
+    DELETE FROM job_counts WHERE state = 'discarded' RETURNING bucket, type, shard, n, wait_ms, run_ms
+)
+INSERT INTO job_counts AS c (bucket, type, state, shard, n, wait_ms, run_ms)
+SELECT bucket, type, 'completed', shard, sum(n), sum(wait_ms), sum(run_ms) FROM d GROUP BY bucket, type, shard
+ON CONFLICT (bucket, type, state, shard) DO UPDATE
+SET n = c.n + EXCLUDED.n, wait_ms = c.wait_ms + EXCLUDED.wait_ms, run_ms = c.run_ms + EXCLUDED.run_ms;
+WITH d AS (
+    DELETE FROM job_counts_hourly WHERE state = 'discarded' RETURNING bucket, type, n, wait_ms, run_ms
+)
+INSERT INTO job_counts_hourly AS c (bucket, type, state, n, wait_ms, run_ms)
+SELECT bucket, type, 'completed', sum(n), sum(wait_ms), sum(run_ms) FROM d GROUP BY bucket, type
+ON CONFLICT (bucket, type, state) DO UPDATE
+SET n = c.n + EXCLUDED.n, wait_ms = c.wait_ms + EXCLUDED.wait_ms, run_ms = c.run_ms + EXCLUDED.run_ms;
 CREATE OR REPLACE FUNCTION finish(p_ids uuid[], p_tokens uuid[], p_states text[], p_delay_ms bigint[], p_attempt_delta integer[],
                        p_results jsonb[], p_errs text[], p_exclude uuid[], p_channel text, p_keep_completed_ms bigint,
                        p_keep_failed_ms bigint, p_max_errors integer, p_progress jsonb[])

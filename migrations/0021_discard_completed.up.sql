@@ -11,7 +11,9 @@
 -- is kept is recorded as 'completed'. The per-minute counters (job_counts,
 -- which Stats, Throughput and the dashboard read) count every job that
 -- ended, deleted ones too: they are now counted from the deleted rows,
--- not from the history rows.
+-- not from the history rows, and a deleted job under the state
+-- 'discarded', which readers count as completed and List leaves out when
+-- it sizes its windows of job_history.
 --
 -- Rolling upgrade: same signature; processes of earlier versions never
 -- send 'discarded'.
@@ -79,11 +81,14 @@ BEGIN
         -- In type and state order: no two writers lock counters in
         -- opposite orders.
         INSERT INTO job_counts AS c (bucket, type, state, shard, n, wait_ms, run_ms)
-        -- Every job ended, deleted ones too.
-        SELECT date_trunc('minute', now()), m.type, m.end_state, (pg_backend_pid() % 32)::smallint, count(*),
+        -- Every job ended, deleted ones too, under the state 'discarded'
+        -- (which readers count as completed; List sizes its windows of
+        -- job_history by the other states' counts).
+        SELECT date_trunc('minute', now()), m.type, CASE WHEN m.gone THEN 'discarded' ELSE m.end_state END,
+               (pg_backend_pid() % 32)::smallint, count(*),
                COALESCE(sum(extract(epoch FROM m.started_at - m.run_at) * 1000), 0)::bigint,
                COALESCE(sum(extract(epoch FROM now() - m.started_at) * 1000), 0)::bigint
-        FROM moved m GROUP BY m.type, m.end_state ORDER BY m.type, m.end_state
+        FROM moved m GROUP BY 2, 3 ORDER BY 2, 3
         ON CONFLICT (bucket, type, state, shard) DO UPDATE
         SET n = c.n + EXCLUDED.n, wait_ms = c.wait_ms + EXCLUDED.wait_ms, run_ms = c.run_ms + EXCLUDED.run_ms
     ), upd AS (

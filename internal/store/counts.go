@@ -16,6 +16,10 @@ type countsSQL struct {
 	live, finished, series, rollup, trim string
 }
 
+// countedState is a counter row's state as readers count it: a job
+// deleted at completion ('discarded') is a completed one.
+const countedState = `CASE WHEN state = 'discarded' THEN 'completed' ELSE state END AS state`
+
 func (s *Store) buildCounts() {
 	c := &s.counts
 	minutes := pgx.Identifier{s.schema, "job_counts"}.Sanitize()
@@ -28,19 +32,21 @@ SELECT 'running', '', COALESCE(worker, ''), count(*), 0 FROM ` + s.jobs + ` WHER
 	// Finished since $1: whole hours from the hourly rows, the rest from
 	// the minute rows (the cleaner folds minutes older than two hours into
 	// hours, so the two never overlap).
+	// Jobs deleted at completion (WithDiscardCompleted, migration 21) are
+	// counted under 'discarded': completed ones.
 	c.finished = `SELECT state, type, sum(n)::bigint FROM (
-	SELECT state, type, n FROM ` + hours + ` WHERE bucket >= date_trunc('hour', $1::timestamptz)
+	SELECT ` + countedState + `, type, n FROM ` + hours + ` WHERE bucket >= date_trunc('hour', $1::timestamptz)
 	UNION ALL
-	SELECT state, type, n FROM ` + minutes + ` WHERE bucket >= $1
+	SELECT ` + countedState + `, type, n FROM ` + minutes + ` WHERE bucket >= $1
 ) c GROUP BY state, type`
 	// One point per bucket of $2 seconds (60: minutes, 3600: hours), type
 	// and state, since $1.
 	c.series = `SELECT to_timestamp(floor(extract(epoch FROM bucket) / $2) * $2) AS at, type, state,
        sum(n)::bigint, sum(wait_ms)::bigint, sum(run_ms)::bigint
 FROM (
-	SELECT bucket, type, state, n, wait_ms, run_ms FROM ` + hours + ` WHERE bucket >= date_trunc('hour', $1::timestamptz)
+	SELECT bucket, type, ` + countedState + `, n, wait_ms, run_ms FROM ` + hours + ` WHERE bucket >= date_trunc('hour', $1::timestamptz)
 	UNION ALL
-	SELECT bucket, type, state, n, wait_ms, run_ms FROM ` + minutes + ` WHERE bucket >= $1
+	SELECT bucket, type, ` + countedState + `, n, wait_ms, run_ms FROM ` + minutes + ` WHERE bucket >= $1
 ) c GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`
 	// Minutes older than two whole hours become hour rows, in one
 	// statement (a reader sees them in one table or the other).

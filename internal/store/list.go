@@ -479,13 +479,14 @@ type timeBucket struct {
 }
 
 // finishedBuckets reads the counters of finished jobs between from and to,
-// by time.
+// by time: of the jobs in job_history (those deleted at completion,
+// counted as 'discarded', are not there).
 func (s *Store) finishedBuckets(ctx context.Context, tx pgx.Tx, from, to time.Time) ([]timeBucket, error) {
 	rows, err := tx.Query(ctx, `SELECT bucket, bucket + interval '1 minute', sum(n)::bigint FROM `+
-		pgx.Identifier{s.schema, "job_counts"}.Sanitize()+` WHERE bucket >= $1::timestamptz - interval '1 minute' AND bucket < $2::timestamptz GROUP BY bucket
+		pgx.Identifier{s.schema, "job_counts"}.Sanitize()+` WHERE bucket >= $1::timestamptz - interval '1 minute' AND bucket < $2::timestamptz AND state <> 'discarded' GROUP BY bucket
 UNION ALL
 SELECT bucket, bucket + interval '1 hour', sum(n)::bigint FROM `+pgx.Identifier{s.schema, "job_counts_hourly"}.Sanitize()+`
-WHERE bucket >= $1::timestamptz - interval '1 hour' AND bucket < $2::timestamptz GROUP BY bucket
+WHERE bucket >= $1::timestamptz - interval '1 hour' AND bucket < $2::timestamptz AND state <> 'discarded' GROUP BY bucket
 ORDER BY 1`, Mode, from, to)
 	if err != nil {
 		return nil, err

@@ -187,3 +187,37 @@ func requireInOrder(t *testing.T, a, b Row, oldest bool) {
 		require.Positive(t, c, "out of order: %s then %s", a.ID, b.ID)
 	}
 }
+
+// TestListSkipsTheCountsOfDeletedJobs: the counters also count the jobs
+// deleted at completion (WithDiscardCompleted, state 'discarded'), which
+// job_history does not hold. List sizes its windows of job_history by the
+// counters of the jobs it holds: before, ten million deleted jobs over a
+// day cut a page into windows of a few hundred microseconds each, nearly
+// all empty, thousands of statements a page.
+func TestListSkipsTheCountsOfDeletedJobs(t *testing.T) {
+	ctx := context.Background()
+	s, _, _ := newTestStore(t)
+	seedHistory(t, s, 1000)
+	_, err := s.pool.Exec(ctx, `INSERT INTO "`+s.schema+`".job_counts (bucket, type, state, shard, n, wait_ms, run_ms)
+	SELECT date_trunc('minute', now()) - g * interval '1 minute', 'a', 'discarded', 0, 7000, 0, 0 FROM generate_series(0, 1439) g`)
+	require.NoError(t, err)
+	for _, oldest := range []bool{false, true} {
+		statements := 0
+		s.explain = func(string, []any) { statements++ }
+		res, err := s.List(ctx, ListQuery{States: []string{"completed"}, Limit: 50, Scan: DefaultScan, Oldest: oldest})
+		s.explain = nil
+		require.NoError(t, err)
+		require.Len(t, res.Rows, 50)
+		require.Less(t, statements, 20, "oldest %v: one page took %d statements", oldest, statements)
+	}
+	rows, err := s.FinishedCounts(ctx, time.Now().Add(-48*time.Hour))
+	require.NoError(t, err)
+	var completed int64
+	for _, r := range rows {
+		require.NotEqual(t, "discarded", r.State, "readers count deleted jobs as completed")
+		if r.State == "completed" && r.Type == "a" {
+			completed = r.Count
+		}
+	}
+	require.Greater(t, completed, int64(1440*7000), "deleted jobs are counted as completed")
+}

@@ -460,3 +460,27 @@ func TestClaimReturnsJobsInTheOrderItChoseThem(t *testing.T) {
 	last := slices.IndexFunc(keys[63:], func(k string) bool { return k != "big" })
 	require.Equal(t, -1, last, "a small key's job came after the first 63 (three rounds of 21 keys): %v", keys[:80])
 }
+
+// TestClaimOfARepeatedTypeTakesEachJobOnce: a type named twice in the
+// claim's types is read once; version 12's claim returned each job twice
+// (SKIP LOCKED does not skip a row the claim itself locked).
+func TestClaimOfARepeatedTypeTakesEachJobOnce(t *testing.T) {
+	ctx := context.Background()
+	s, pool, schema := newTestStore(t)
+	_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".jobs (id, type, args) SELECT gen_random_uuid(), 'a', '{}' FROM generate_series(1, 3)`)
+	require.NoError(t, err)
+	rows, err := pool.Query(ctx, s.sql.claim, Mode, []string{"a", "a", "a"}, `{}`, 10, 10, 30000, "w")
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (uuid.UUID, error) {
+		var id uuid.UUID
+		err := r.Scan(&id, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil)
+		return id, err
+	})
+	require.NoError(t, err)
+	require.Len(t, ids, 3)
+	seen := map[uuid.UUID]bool{}
+	for _, id := range ids {
+		require.False(t, seen[id], "job %s returned twice", id)
+		seen[id] = true
+	}
+}
