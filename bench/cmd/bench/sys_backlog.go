@@ -154,10 +154,10 @@ func (s *backlogSys) Tables() jobTables {
 	t := stateTables(pgx.Identifier{s.schema, "jobs"}.Sanitize())
 	t.completed = `SELECT count(*) FROM ` + pgx.Identifier{s.schema, "job_history"}.Sanitize() + ` WHERE state = 'completed'`
 	if s.discard {
-		// Deleted jobs are in the per-minute counters only (a job written
+		// Deleted jobs are in the per-minute counters only (as discarded; a job written
 		// in place is counted there once the retirer moves it; the hourly
 		// rollup does not run within a benchmark).
-		t.completed = `SELECT (SELECT coalesce(sum(n), 0) FROM ` + pgx.Identifier{s.schema, "job_counts"}.Sanitize() + ` WHERE state = 'completed')
+		t.completed = `SELECT (SELECT coalesce(sum(n), 0) FROM ` + pgx.Identifier{s.schema, "job_counts"}.Sanitize() + ` WHERE state IN ('completed', 'discarded'))
 			+ (SELECT count(*) FROM ` + pgx.Identifier{s.schema, "jobs"}.Sanitize() + ` WHERE state = 'completed')`
 	}
 	return t
