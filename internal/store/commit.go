@@ -20,6 +20,21 @@ import (
 // they run anyway), and a commit whose answer is lost is resolved by
 // asking the database, on another connection, whether that ID committed
 // (txid_status): the answer is final once the old backend has ended.
+//
+// Unless the server it asks is not the one the transaction ran on: after a
+// failover the new primary goes on from the last transaction it received,
+// so it hands out again the IDs the old primary gave to transactions that
+// never reached it, and txid_status then answers for another transaction
+// (seen in the HA failover test: "committed" for a write that was lost,
+// and the job ran again after its lease). A promotion starts a new
+// timeline, so each such transaction also learns its server's timeline,
+// and an answer from another timeline is not taken: the commit stays
+// unknown (*CommitUnknownError), and the completer writes the outcomes
+// again, fenced by their lease tokens.
+
+// timelineSQL is the server's current timeline (the first eight hex digits
+// of its WAL file names); only on a primary.
+const timelineSQL = `substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)`
 
 // CommitUnknownError is a commit whose outcome could not be learnt before
 // the caller's context ended: the transaction may have committed.
@@ -38,13 +53,13 @@ func (e *CommitUnknownError) Unwrap() error { return e.Err }
 // READ COMMITTED whatever the pool's default isolation is.
 var readCommittedTx = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 
-// commitKnown commits tx, whose transaction ID is xid. An error the server
-// answered means it did not commit.
+// commitKnown commits tx, whose transaction ID is xid on timeline tl. An
+// error the server answered means it did not commit.
 // Otherwise the answer was lost: commitKnown asks the database whether
 // xid committed, until the answer is final, and returns nil when it did,
 // the commit's error when it did not, and a *CommitUnknownError when ctx
 // ends first.
-func (s *Store) commitKnown(ctx context.Context, tx pgx.Tx, xid int64) error {
+func (s *Store) commitKnown(ctx context.Context, tx pgx.Tx, xid int64, tl string) error {
 	err := tx.Commit(ctx)
 	if err == nil {
 		return nil
@@ -57,17 +72,22 @@ func (s *Store) commitKnown(ctx context.Context, tx pgx.Tx, xid int64) error {
 	if errors.As(err, &pe) || errors.Is(err, pgx.ErrTxCommitRollback) {
 		return err
 	}
-	return s.resolveCommit(ctx, xid, err)
+	return s.resolveCommit(ctx, xid, tl, err)
 }
 
 // resolveCommit asks, until the answer is final or ctx ends, whether
-// transaction xid committed.
-func (s *Store) resolveCommit(ctx context.Context, xid int64, cause error) error {
+// transaction xid of timeline tl committed. Asked on another timeline (a
+// failover came between), it cannot know: the ID may name another
+// transaction there.
+func (s *Store) resolveCommit(ctx context.Context, xid int64, tl string, cause error) error {
 	b := newWait(10*time.Millisecond, time.Second)
 	for {
 		var status *string
-		err := s.pool.QueryRow(ctx, `SELECT txid_status($1)`, xid).Scan(&status)
+		var now string
+		err := s.pool.QueryRow(ctx, `SELECT txid_status($1), `+timelineSQL, xid).Scan(&status, &now)
 		switch {
+		case err == nil && now != tl:
+			return &CommitUnknownError{XID: xid, Err: fmt.Errorf("the server changed timeline (from %s to %s: a failover) since the transaction began, so its status there says nothing of it: %w", tl, now, cause)}
 		case err == nil && status == nil:
 			// Too old to be known (wraparound): never for a transaction of
 			// moments ago, but say so rather than guess.

@@ -114,7 +114,7 @@ func (s *Store) buildFinish() {
 	// turns a retry into cancelled; completion clears the current error
 	// (the history keeps it). Rows are locked FOR UPDATE, the lock every
 	// move to a terminal state takes (see graph.go), in ID order.
-	f.fast = `SELECT id, state, status, txid_current() FROM ` + pgx.Identifier{s.schema, "finish"}.Sanitize() +
+	f.fast = `SELECT id, state, status, txid_current(), (SELECT ` + timelineSQL + `) FROM ` + pgx.Identifier{s.schema, "finish"}.Sanitize() +
 		`($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $8::uuid[], $9, $10, $11, $12, $13::jsonb[])`
 	stmt := func(lock string) string {
 		return `WITH f AS (
@@ -309,8 +309,9 @@ func (s *Store) finishOnce(ctx context.Context, a *finishArrays, exclude [][16]b
 		state  *string
 		status int16
 		xid    int64
+		tl     string
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &state, &status, &xid}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &state, &status, &xid, &tl}, func() error {
 		switch status {
 		case 0:
 			res.Status[id], res.State[id] = Written, *state
@@ -337,7 +338,7 @@ func (s *Store) finishOnce(ctx context.Context, a *finishArrays, exclude [][16]b
 	if err != nil {
 		return FinishResult{}, nil, err
 	}
-	return res, nil, s.commitKnown(ctx, tx, xid)
+	return res, nil, s.commitKnown(ctx, tx, xid, tl)
 }
 
 // FinishGraph writes outcomes in one transaction, in place (the retirer

@@ -321,14 +321,15 @@ func (s *Store) graphTx(ctx context.Context, lockTimeout time.Duration, fn func(
 		timeout = fmt.Sprintf("%dms", max(lockTimeout.Milliseconds(), 1))
 	}
 	var xid int64
-	if err := tx.QueryRow(ctx, `SELECT txid_current(), CASE WHEN $1 <> '' THEN set_config('lock_timeout', $1, true) END`, Mode,
-		timeout).Scan(&xid, nil); err != nil {
+	var tl string
+	if err := tx.QueryRow(ctx, `SELECT txid_current(), `+timelineSQL+`, CASE WHEN $1 <> '' THEN set_config('lock_timeout', $1, true) END`, Mode,
+		timeout).Scan(&xid, &tl, nil); err != nil {
 		return err
 	}
 	if err := fn(tx); err != nil {
 		return err
 	}
-	return s.commitKnown(ctx, tx, xid)
+	return s.commitKnown(ctx, tx, xid, tl)
 }
 
 // takePlan takes a plan's locks in the lock order: keys, then rows.

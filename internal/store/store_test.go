@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"maps"
 	"os"
 	"reflect"
@@ -483,4 +484,29 @@ func TestClaimOfARepeatedTypeTakesEachJobOnce(t *testing.T) {
 		require.False(t, seen[id], "job %s returned twice", id)
 		seen[id] = true
 	}
+}
+
+// TestCommitAnswerFromAnotherTimelineIsUnknown: a lost commit is resolved
+// by asking whether its transaction ID committed, but only on the
+// timeline it ran on. After a failover the new primary hands the old
+// primary's unreplicated IDs out again (the HA failover test saw
+// "committed" for a write that was lost): an answer from another timeline
+// leaves the commit unknown.
+func TestCommitAnswerFromAnotherTimelineIsUnknown(t *testing.T) {
+	ctx := context.Background()
+	s, pool, _ := newTestStore(t)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	var xid int64
+	var tl string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT txid_current(), `+timelineSQL).Scan(&xid, &tl))
+	require.Len(t, tl, 8)
+	require.NoError(t, tx.Commit(ctx))
+	lost := errors.New("conn closed")
+
+	require.NoError(t, s.resolveCommit(ctx, xid, tl, lost), "on its own timeline the commit is known")
+	err = s.resolveCommit(ctx, xid, "000000FF", lost)
+	var unknown *CommitUnknownError
+	require.ErrorAs(t, err, &unknown, "an answer from another timeline was taken")
+	require.ErrorIs(t, err, lost)
 }
