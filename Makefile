@@ -69,6 +69,22 @@ measure:
 test-faults:
 	BACKLOG_FAULTS=1 scripts/with-db.sh $(GO) test -race -count=1 -v -timeout 15m ./faults/
 
+# High-availability failover (faults/ha_test.go, internal/hacluster): a
+# pg_auto_failover monitor and two data nodes (synchronous replication) on
+# free loopback ports in a temporary directory, brought up by the test
+# itself; the primary's node is killed, then a switchover. scripts/ha.sh
+# install puts pg_auto_failover on the machine (apt-get, as root) when it
+# is missing. Does not use DATABASE_URL or the server on 5432. Not yet in
+# .ci/run (issue 25): with two data nodes a switchover that comes right
+# after the killed node rejoined can pass through wait_primary, where
+# pg_auto_failover turns synchronous replication off, and writes it
+# acknowledged there are lost with the demoted node (seen in 1 of 3 runs).
+.PHONY: test-ha
+test-ha:
+	scripts/ha.sh install
+	BACKLOG_HA=1 $(GO) test -race -count=1 -v -timeout 15m -run 'TestCluster' ./internal/hacluster/
+	BACKLOG_HA=1 $(GO) test -race -count=1 -v -timeout 15m -run 'TestHA' ./faults/
+
 # Dashboard browser tests (backlogui/browsertest, its own module so the
 # library never depends on chromedp): a seeded queue driven in headless
 # Chromium, installed by scripts/chromium.sh when missing. Screenshots of

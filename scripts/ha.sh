@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# ha.sh — what the high-availability failover tests (faults/ha_test.go,
+# make test-ha) need from the machine.
+#
+# Usage:
+#   scripts/ha.sh install   installs pg_auto_failover (Debian packages
+#                           postgresql-<N>-auto-failover and
+#                           pg-auto-failover-cli, N the newest server in
+#                           /usr/lib/postgresql) unless pg_autoctl and the
+#                           extension are there already; idempotent
+#   scripts/ha.sh check     exits 0 when they are there, 3 when not
+#
+# The clusters themselves are brought up and torn down by the Go harness
+# (internal/hacluster): a monitor and two data nodes in a temporary
+# directory, on free loopback ports, run as the `backlogtest` system user
+# when the tests run as root. This script never touches a running
+# PostgreSQL: installing the two packages starts no service and creates no
+# cluster (apt-get is told to install nothing else and upgrade nothing).
+#
+# Exit status: 0 on success; 3 when the packages are missing and cannot be
+# installed (not root, no apt-get: callers may skip); 1 on other errors.
+set -euo pipefail
+
+prog=ha.sh
+log() { printf '%s: %s\n' "$prog" "$*" >&2; }
+
+# The newest PostgreSQL server version installed (its pg_auto_failover
+# extension must match it).
+pg_version() {
+	local v best=
+	for d in /usr/lib/postgresql/*/bin/postgres; do
+		[ -x "$d" ] || continue
+		v=$(basename "$(dirname "$(dirname "$d")")")
+		if [ -z "$best" ] || [ "$v" -gt "$best" ]; then best=$v; fi
+	done
+	[ -n "$best" ] || { log "no PostgreSQL server in /usr/lib/postgresql/*/bin (install postgresql)"; exit 3; }
+	echo "$best"
+}
+
+present() {
+	local v=$1
+	{ command -v pg_autoctl >/dev/null || [ -x /usr/bin/pg_autoctl ]; } &&
+		[ -f "/usr/share/postgresql/$v/extension/pgautofailover.control" ]
+}
+
+cmd=${1:-}
+case "$cmd" in
+check)
+	v=$(pg_version)
+	present "$v" || exit 3
+	;;
+install)
+	v=$(pg_version)
+	if present "$v"; then
+		log "pg_auto_failover for PostgreSQL $v already installed"
+		exit 0
+	fi
+	[ "$(id -u)" -eq 0 ] || { log "pg_auto_failover is missing and installing it needs root"; exit 3; }
+	command -v apt-get >/dev/null || { log "pg_auto_failover is missing and there is no apt-get"; exit 3; }
+	export DEBIAN_FRONTEND=noninteractive
+	log "apt-get update"
+	apt-get update -qq >&2 || { log "apt-get update failed"; exit 3; }
+	log "apt-get install postgresql-$v-auto-failover pg-auto-failover-cli"
+	apt-get install -y -qq --no-install-recommends --no-upgrade \
+		"postgresql-$v-auto-failover" pg-auto-failover-cli >&2 ||
+		{ log "apt-get install failed"; exit 3; }
+	present "$v" || { log "installed, but pg_autoctl or the pgautofailover extension is still missing"; exit 1; }
+	log "pg_auto_failover installed: $(pg_autoctl version 2>&1 | head -1)"
+	;;
+*)
+	echo "usage: $prog install|check" >&2
+	exit 2
+	;;
+esac
