@@ -21,6 +21,8 @@
 //   - finish-fn-discard: the same finish() with every completion sent as
 //     'discarded' (WithDiscardCompleted): the fencing, counters and
 //     dependents' check, nothing kept.
+//   - delete-locked: the same, each row locked first (FOR UPDATE SKIP
+//     LOCKED, as finish() locks it): what that lock costs.
 //   - delete: finished rows deleted, nothing kept.
 package main
 
@@ -49,7 +51,7 @@ var (
 	batch  = flag.Int("batch", 1000, "jobs per claim")
 	conns  = flag.Int("conns", 2, "connections claiming and finishing")
 	runs   = flag.Int("runs", 3, "runs per design (alternating); medians are printed")
-	only   = flag.String("only", "update,move,move-part,move-part-brin,finish-fn,finish-fn-discard,delete", "designs")
+	only   = flag.String("only", "update,move,move-part,move-part-brin,finish-fn,finish-fn-discard,delete-locked,delete", "designs")
 	schema = "hotdesign"
 )
 
@@ -179,6 +181,25 @@ WHERE status = 1`,
 	array_fill(NULL::text, ARRAY[cardinality($1::uuid[])]), '{}'::uuid[], 'hotdesign', 86400000, 604800000, 10,
 	array_fill(NULL::jsonb, ARRAY[cardinality($1::uuid[])]))
 WHERE status = 1`,
+			retire: func(ctx context.Context, c *pgx.Conn) error {
+				_, err := c.Exec(ctx, `VACUUM `+schema+`.jobs`)
+				return err
+			}},
+		{name: "delete-locked",
+			// delete, with each row locked first (FOR UPDATE SKIP LOCKED,
+			// as finish() takes it so that a row another transaction holds
+			// is skipped, not waited for): what the lock costs.
+			// Rows skipped (held by another transaction) are returned
+			// and written again, as finish()'s busy ones are.
+			retryBusy: true,
+			finish: `WITH l AS (
+	SELECT x.id FROM unnest($1::uuid[], $2::uuid[]) AS t(id, token)
+	CROSS JOIN LATERAL (SELECT f.id FROM ` + schema + `.jobs f WHERE f.id = t.id AND f.lease_token = t.token
+	                    LIMIT 1 FOR UPDATE SKIP LOCKED) x
+), d AS (
+	DELETE FROM ` + schema + `.jobs j USING l WHERE j.id = l.id AND j.state = 'running' RETURNING j.id
+)
+SELECT x.id, 1::smallint FROM (SELECT unnest($1::uuid[]) EXCEPT SELECT id FROM l) AS x(id)`,
 			retire: func(ctx context.Context, c *pgx.Conn) error {
 				_, err := c.Exec(ctx, `VACUUM `+schema+`.jobs`)
 				return err
