@@ -27,6 +27,7 @@ func defineFlowRows(res *results) {
 	res.define("flow.nb", "flow: burn-down jobs/s, global limit 10,000 (not binding)", fmtRate, false)
 	res.define("flow.b50", "flow: burn-down jobs/s, global limit 50 (binding)", fmtRate, false)
 	res.define("flow.keys", "flow: burn-down jobs/s, 1,000 keys, 2 per key", fmtRate, false)
+	res.define("flow.keysall", "flow: burn-down jobs/s, a key a job (100,000 keys; -quick 20,000), 1 per key", fmtRate, false)
 	res.define("flow.util", "flow: utilisation of a limit of 50 with 20 ms jobs, % (handlers running ÷ 50, sampled)", fmtDec, false)
 	res.define("flow.utildb", "flow: the same, % (jobs running in the database ÷ 50, sampled)", fmtDec, false)
 	res.define("flow.fair", "flow: small keys' p99 wait behind one big key, ms", fmtMs, false)
@@ -47,14 +48,20 @@ func runFlow(ctx context.Context, env *benchEnv, k kind, res *results) {
 			key   string
 			limit *backlog.Limit
 			keys  int
+			jobs  int // 0: jobs
 		}{
-			{"flow.none", nil, 0},
-			{"flow.nb", &backlog.Limit{Concurrency: 10_000}, 0},
-			{"flow.b50", &backlog.Limit{Concurrency: 50}, 0},
-			{"flow.keys", &backlog.Limit{KeyConcurrency: 2}, 1000},
+			{"flow.none", nil, 0, 0},
+			{"flow.nb", &backlog.Limit{Concurrency: 10_000}, 0, 0},
+			{"flow.b50", &backlog.Limit{Concurrency: 50}, 0, 0},
+			{"flow.keys", &backlog.Limit{KeyConcurrency: 2}, 1000, 0},
+			{"flow.keysall", &backlog.Limit{KeyConcurrency: 1}, 2 * jobs, 2 * jobs},
 		} {
-			logf("flow: %s, run %d/%d, %d jobs", v.key, run+1, env.cfg.runs, jobs)
-			r, err := flowBurn(ctx, env, jobs, v.limit, v.keys)
+			n := jobs
+			if v.jobs > 0 {
+				n = v.jobs
+			}
+			logf("flow: %s, run %d/%d, %d jobs", v.key, run+1, env.cfg.runs, n)
+			r, err := flowBurn(ctx, env, n, v.limit, v.keys)
 			if err != nil {
 				logf("flow: %s: %v", v.key, err)
 				res.fail(v.key, k.key, statusOf(err))
