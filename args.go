@@ -95,11 +95,12 @@ func (s JobSpec) resolve() (string, []EnqueueOption, error) {
 	if !ok {
 		return s.Type, s.Options, nil
 	}
-	if nilPointer(a) {
+	t := reflect.TypeOf(a)
+	if t.Kind() == reflect.Pointer && reflect.ValueOf(a).IsNil() {
 		return "", nil, invalid("args", "nil %T", a)
 	}
 	kind := a.Kind()
-	if err := validateKind(reflect.TypeOf(a), kind); err != nil {
+	if err := validateKind(t, kind); err != nil {
 		return "", nil, err
 	}
 	if s.Type != "" && s.Type != kind {
@@ -134,11 +135,15 @@ func (s JobSpec) kind() string {
 
 // validateKind checks the Kind of the args type t.
 func validateKind(t reflect.Type, kind string) error {
+	err := validateType(kind)
+	if err == nil {
+		return nil
+	}
 	var ie *InputError
-	if err := validateType(kind); errors.As(err, &ie) {
+	if errors.As(err, &ie) {
 		return invalid("type", "the Kind of %s, %q: %s", t, kind, ie.Reason)
 	}
-	return nil
+	return err
 }
 
 // kindOf returns the Kind of the args type T, from its zero value (a
