@@ -1,6 +1,7 @@
 package backlog_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -529,4 +530,47 @@ func TestTypedEnqueueHooksAndSchedules(t *testing.T) {
 	require.Equal(t, "order.charge", info.Type)
 	require.Equal(t, map[string]string{"region": "eu", "team": "billing"}, info.Tags)
 	require.Equal(t, 8, info.Priority)
+}
+
+// strictArgs refuses fields it does not know, as docs/typed-jobs.md shows.
+type strictArgs struct {
+	N int `json:"n"`
+}
+
+func (strictArgs) Kind() string { return "strict" }
+
+func (a *strictArgs) UnmarshalJSON(b []byte) error {
+	type plain strictArgs // without the method: no recursion
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	return d.Decode((*plain)(a))
+}
+
+// TestHandleArgsStrictDecoding: an args type's own UnmarshalJSON decides
+// what decodes; its error fails the attempt like any decode error.
+func TestHandleArgsStrictDecoding(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var got []int
+	mux := backlog.NewMux()
+	backlog.HandleArgs(mux, func(ctx context.Context, job *backlog.Job, a strictArgs) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, a.N)
+		return nil
+	})
+	ok, err := e.q.EnqueueArgs(ctx, strictArgs{N: 1})
+	require.NoError(t, err)
+	extra, err := e.q.Enqueue(ctx, "strict", json.RawMessage(`{"n": 2, "added_later": true}`))
+	require.NoError(t, err)
+	stop := work(t, e.q, mux)
+	e.waitState(ok, 10*time.Second, backlog.StateCompleted)
+	info := e.waitState(extra, 10*time.Second, backlog.StateFailed)
+	require.NoError(t, stop())
+	require.Contains(t, info.LastError, `into backlog_test.strictArgs: json: unknown field "added_later"`)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int{1}, got)
 }
