@@ -107,7 +107,13 @@ func (s JobSpec) resolve() (string, []EnqueueOption, error) {
 		return "", nil, invalid("type", "%q differs from the Kind of its args, %T: %q (leave the type empty, or enqueue with EnqueueArgs)", s.Type, a, kind)
 	}
 	opts := s.Options
-	if d, ok := a.(JobArgsWithOptions); ok {
+	d, ok := a.(JobArgsWithOptions)
+	if !ok && t.Kind() != reflect.Pointer && reflect.PointerTo(t).Implements(withOptions) {
+		// Its defaults would be silently left out.
+		return "", nil, invalid("options", "%s declares EnqueueOptions on its pointer, *%s, which a %s value does not have: "+
+			"declare it on the value (func (a %s) EnqueueOptions), or enqueue a pointer", t, t, t, t.Name())
+	}
+	if ok {
 		def := d.EnqueueOptions()
 		for _, o := range def {
 			if o == nil {
@@ -120,6 +126,8 @@ func (s JobSpec) resolve() (string, []EnqueueOption, error) {
 	}
 	return kind, opts, nil
 }
+
+var withOptions = reflect.TypeFor[JobArgsWithOptions]()
 
 // kind is the job type of s as the hooks report it: Type, or its args'
 // Kind ("" when neither says).

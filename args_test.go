@@ -101,6 +101,13 @@ func TestEnqueueArgsAppliesTheArgsDefaults(t *testing.T) {
 	require.Equal(t, backlog.DefaultMaxAttempts, pinfo.MaxAttempts)
 	require.Empty(t, pinfo.Tags)
 
+	// Defaults declared on the pointer apply to a pointer.
+	oid, err := e.q.EnqueueArgs(ctx, &ptrOptionArgs{})
+	require.NoError(t, err)
+	oinfo, err := e.q.Job(ctx, oid)
+	require.NoError(t, err)
+	require.Equal(t, 9, oinfo.Priority)
+
 	// A pointer args type.
 	rid, err := e.q.EnqueueArgs(ctx, &ptrArgs{Name: "x"})
 	require.NoError(t, err)
@@ -279,6 +286,8 @@ func TestEnqueueArgsBadKindWritesNothing(t *testing.T) {
 			`"refund" differs from the Kind of its args, backlog_test.chargeArgs: "order.charge"`},
 		{"nil pointer", backlog.Spec((*ptrArgs)(nil)), "args", "nil *backlog_test.ptrArgs"},
 		{"nil default option", backlog.Spec(nilOptionArgs{}), "options", "EnqueueOptions of backlog_test.nilOptionArgs"},
+		{"defaults on the pointer", backlog.Spec(ptrOptionArgs{}), "options",
+			"backlog_test.ptrOptionArgs declares EnqueueOptions on its pointer, *backlog_test.ptrOptionArgs, which a backlog_test.ptrOptionArgs value does not have"},
 	}
 	for _, c := range cases {
 		check := func(err error, how string) {
@@ -310,6 +319,14 @@ func TestEnqueueArgsBadKindWritesNothing(t *testing.T) {
 	_, err = e.q.EnqueueArgsTx(ctx, e.pool, nil)
 	requireInputField(t, err, "args", "nil JobArgs in a tx")
 	require.Zero(t, e.count(`true`))
+}
+
+// ptrOptionArgs declares its defaults on its pointer: a value has none.
+type ptrOptionArgs struct{}
+
+func (ptrOptionArgs) Kind() string { return "ptr.option" }
+func (*ptrOptionArgs) EnqueueOptions() []backlog.EnqueueOption {
+	return []backlog.EnqueueOption{backlog.Priority(9)}
 }
 
 type nilOptionArgs struct{}
