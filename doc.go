@@ -50,10 +50,20 @@
 // queue's schema, which validates, writes and announces a job the same way
 // (README, "Enqueue from SQL").
 //
+// # Typed jobs
+//
+// In Go, a job type is best declared once, by an args type whose
+// [JobArgs.Kind] names it and which may declare its default options
+// ([JobArgsWithOptions]). [Queue.EnqueueArgs], [Queue.EnqueueArgsTx] and
+// [Spec] (for batches) take its values; [HandleArgs] registers a handler
+// that gets them decoded. Typed jobs are rows like any other: SQL, other
+// languages and the string API produce jobs a typed handler works. The
+// guide is docs/typed-jobs.md.
+//
 // # Working
 //
-// A [Mux] routes jobs to handlers by type; [HandleJSON] decodes args into a
-// typed value. A handler returns nil to complete the job (optionally with a
+// A [Mux] routes jobs to handlers by type; [HandleArgs] (typed jobs) and
+// [HandleJSON] decode args into a typed value. A handler returns nil to complete the job (optionally with a
 // result, [Job.SetResult]), an error to retry it with backoff, [Permanent]
 // to fail it at once, or [Snooze] to run it again later without spending an
 // attempt. Panics are recovered and retried.

@@ -16,7 +16,9 @@ import (
 )
 
 // Enqueue inserts one job and returns its ID. The job is visible to workers
-// as soon as Enqueue returns.
+// as soon as Enqueue returns. When args is a JobArgs, typ may be "" (its
+// Kind is the type; another typ is an *InputError) and its default options
+// apply before opts: EnqueueArgs says the same with the compiler's check.
 func (q *Queue) Enqueue(ctx context.Context, typ string, args any, opts ...EnqueueOption) (uuid.UUID, error) {
 	ids, err := q.enqueue(ctx, nil, []JobSpec{{Type: typ, Args: args, Options: opts}})
 	if err != nil {
@@ -124,8 +126,8 @@ func (q *Queue) enqueueHooks(ctx context.Context, specs []JobSpec) ([]JobSpec, f
 	typ := ""
 	for i, s := range specs {
 		if i == 0 {
-			typ = s.Type
-		} else if s.Type != typ {
+			typ = s.kind()
+		} else if s.kind() != typ {
 			typ = ""
 			break
 		}

@@ -53,6 +53,7 @@ type Mux struct {
 type route struct {
 	h       Handler
 	backoff *Backoff
+	args    string // the args type of a HandleArgs registration ("": none)
 }
 
 // NewMux returns an empty Mux.
@@ -62,7 +63,8 @@ func NewMux() *Mux { return &Mux{routes: map[string]route{}} }
 type HandleOption interface{ applyHandle(*route) }
 
 // Handle registers h for jobs of type typ. It panics if typ is invalid, h is
-// nil, or typ is already registered (like http.ServeMux).
+// nil, or typ is already registered (like http.ServeMux), by Handle,
+// HandleFunc or HandleArgs.
 func (m *Mux) Handle(typ string, h Handler, opts ...HandleOption) {
 	if err := validateType(typ); err != nil {
 		panic(err)
@@ -70,16 +72,30 @@ func (m *Mux) Handle(typ string, h Handler, opts ...HandleOption) {
 	if h == nil {
 		panic(invalid("handler", "nil handler for type %q", typ))
 	}
-	r := route{h: h}
+	m.handle(typ, h, "", opts)
+}
+
+// handle registers h for typ; args is the args type of a HandleArgs
+// registration ("" for Handle's).
+func (m *Mux) handle(typ string, h Handler, args string, opts []HandleOption) {
+	r := route{h: h, args: args}
 	for _, o := range opts {
 		o.applyHandle(&r)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, dup := m.routes[typ]; dup {
-		panic(fmt.Sprintf("backlog: handler for type %q registered twice", typ))
+	if old, dup := m.routes[typ]; dup {
+		panic(fmt.Sprintf("backlog: handler for type %q registered twice: %s, then %s", typ, old.describe(), r.describe()))
 	}
 	m.routes[typ] = r
+}
+
+// describe names the registration r for a message.
+func (r route) describe() string {
+	if r.args == "" {
+		return "by Handle"
+	}
+	return "by HandleArgs for args " + r.args
 }
 
 // HandleFunc registers f for jobs of type typ.

@@ -30,7 +30,9 @@ func CatchUp(n int) EnqueueOption {
 // args and opts is enqueued at every multiple of interval (plan times are
 // aligned to the Unix epoch on the database clock, so every process agrees).
 // The interval must be at least one second. The schedule is also recorded
-// in the database, for Queue.Schedules.
+// in the database, for Queue.Schedules. As with Enqueue, args may be a
+// JobArgs with typ "": its Kind is the type and its default options apply
+// before opts.
 func (q *Queue) Every(name string, interval time.Duration, typ string, args any, opts ...EnqueueOption) error {
 	p, err := planEvery(interval)
 	if err != nil {

@@ -17,10 +17,12 @@ type JobSpec struct {
 	// must be a UUIDv7 (IDs ordered by creation time are what lookups of
 	// finished jobs rely on) and name no existing job.
 	ID uuid.UUID
-	// Type selects the handler. Required.
+	// Type selects the handler. Required, unless Args is a JobArgs: its
+	// Kind is then the type (and Type, when set, must equal it).
 	Type string
 	// Args are marshalled to JSON; json.RawMessage and []byte are taken as
-	// JSON text and validated.
+	// JSON text and validated. A JobArgs (see Spec) brings its Kind and
+	// its default options (JobArgsWithOptions), which apply before Options.
 	Args any
 	// Options are the job's enqueue options (Tags, Priority, …).
 	Options []EnqueueOption
@@ -117,14 +119,18 @@ func findCycle(jobs []store.GraphJob, index map[uuid.UUID]int) []uuid.UUID {
 
 // buildJob validates one spec and turns it into a row.
 func buildJob(s JobSpec) (store.GraphJob, error) {
+	typ, opts, err := s.resolve()
+	if err != nil {
+		return store.GraphJob{}, err
+	}
 	c := enqueueConfig{priority: DefaultPriority, maxAttempts: DefaultMaxAttempts}
-	for _, o := range s.Options {
+	for _, o := range opts {
 		if o == nil {
 			return store.GraphJob{}, invalid("options", "nil option")
 		}
 		o.applyEnqueue(&c)
 	}
-	if err := validateType(s.Type); err != nil {
+	if err := validateType(typ); err != nil {
 		return store.GraphJob{}, err
 	}
 	args, err := encodeArgs(s.Args)
@@ -191,7 +197,7 @@ func buildJob(s JobSpec) (store.GraphJob, error) {
 		return store.GraphJob{}, invalid("id", "%s is a version %d UUID; use backlog.NewID (a UUIDv7)", id, id.Version())
 	}
 	return store.GraphJob{
-		NewJob: store.NewJob{ID: id, Type: s.Type, Args: args, Tags: tags, Priority: int16(c.priority), RunAt: c.runAt,
+		NewJob: store.NewJob{ID: id, Type: typ, Args: args, Tags: tags, Priority: int16(c.priority), RunAt: c.runAt,
 			Delay: ceilMillis(c.delay), MaxAttempts: int32(c.maxAttempts), Timeout: ceilMillis(c.timeout),
 			ConcurrencyKey: c.concKey, Meta: meta},
 		DependsOn: deps, OrderingKey: c.orderingKey, UniqueKey: c.uniqueKey,

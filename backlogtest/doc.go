@@ -10,6 +10,10 @@
 //     priority, run_at window, state); a failure lists what was enqueued
 //     instead. The …Tx forms read through a transaction of the
 //     application's, any that backlog.Tx lists (pgx.Tx, *sql.Tx, …). Args decodes a job's args into the application's type.
+//   - RequireEnqueuedArgs, RequireEnqueuedArgsTx, RequireNotEnqueuedArgs and
+//     EnqueuedArgs do the same for typed jobs (backlog.JobArgs): the kind
+//     comes from the args type, and the jobs come back with their args
+//     decoded into it (a job whose args do not decode fails the test).
 //   - Work runs a handler on one given job, inline, through the same claim
 //     (under a lease token), outcome handling and fenced finish as
 //     Queue.Work, and returns the outcome and the recorded job.

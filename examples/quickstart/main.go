@@ -19,15 +19,46 @@ import (
 	"github.com/backlogq/backlog"
 )
 
+// Each job type is a Go type whose Kind names it once: the enqueue and
+// the handler cannot disagree on the type or on the args.
+
+// EmailArgs are the args of an "email.send" job.
 type EmailArgs struct {
 	To      string `json:"to"`
 	Subject string `json:"subject"`
 }
 
+// Kind is the job type of EmailArgs jobs.
+func (EmailArgs) Kind() string { return "email.send" }
+
+// ReportArgs are the args of a "report.render" job.
+type ReportArgs struct {
+	Month string `json:"month"`
+}
+
+// Kind is the job type of ReportArgs jobs.
+func (ReportArgs) Kind() string { return "report.render" }
+
 // Report is the result of a report.render job, which the email that
 // depends on it reads.
 type Report struct {
 	URL string `json:"url"`
+}
+
+// ChargeArgs are the args of an "invoice.charge" job.
+type ChargeArgs struct {
+	Invoice int `json:"invoice"`
+	Cents   int `json:"cents"`
+}
+
+// Kind is the job type of ChargeArgs jobs.
+func (ChargeArgs) Kind() string { return "invoice.charge" }
+
+// EnqueueOptions are the defaults of every charge (options given at
+// enqueue win over them): three attempts at most, and one live charge per
+// invoice, whoever enqueues it.
+func (a ChargeArgs) EnqueueOptions() []backlog.EnqueueOption {
+	return []backlog.EnqueueOption{backlog.MaxAttempts(3), backlog.UniqueKey(fmt.Sprintf("charge:%d", a.Invoice))}
 }
 
 func main() {
@@ -71,12 +102,12 @@ func run() error {
 		return err
 	}
 
-	// Handlers, routed by job type.
+	// Handlers, routed by job type: each gets its args decoded.
 	mux := backlog.NewMux()
-	mux.Handle("email.send", backlog.HandleJSON(func(ctx context.Context, job *backlog.Job, a EmailArgs) error {
+	backlog.HandleArgs(mux, func(ctx context.Context, job *backlog.Job, a EmailArgs) error {
 		if len(job.PrerequisiteIDs()) > 0 {
 			// It depends on the report: attach the report's link.
-			r, err := backlog.PrerequisiteResultOfType[Report](ctx, job, "report.render")
+			r, err := backlog.PrerequisiteResultOfType[Report](ctx, job, ReportArgs{}.Kind())
 			if err != nil {
 				return err
 			}
@@ -84,8 +115,8 @@ func run() error {
 		}
 		fmt.Printf("  [worker] attempt %d: sending %q to %s\n", job.Attempt, a.Subject, a.To)
 		return job.SetResult(map[string]string{"message_id": "msg-" + job.ID.String()[28:]})
-	}))
-	mux.HandleFunc("report.render", func(ctx context.Context, job *backlog.Job) error {
+	})
+	backlog.HandleArgs(mux, func(ctx context.Context, job *backlog.Job, a ReportArgs) error {
 		if job.Attempt == 1 {
 			fmt.Printf("  [worker] attempt %d: rendering report… the printer is on fire, will retry\n", job.Attempt)
 			return errors.New("printer on fire")
@@ -96,35 +127,35 @@ func run() error {
 				return err
 			}
 		}
-		fmt.Printf("  [worker] attempt %d: report rendered\n", job.Attempt)
-		return job.SetResult(Report{URL: "https://example.com/reports/2026-10.pdf"})
+		fmt.Printf("  [worker] attempt %d: report for %s rendered\n", job.Attempt, a.Month)
+		return job.SetResult(Report{URL: "https://example.com/reports/" + a.Month + ".pdf"})
 	}, backlog.RetryBackoff(backlog.Backoff{Initial: 200 * time.Millisecond}))
-	mux.HandleFunc("invoice.charge", func(ctx context.Context, job *backlog.Job) error {
-		fmt.Printf("  [worker] attempt %d: card declined, no point retrying\n", job.Attempt)
+	backlog.HandleArgs(mux, func(ctx context.Context, job *backlog.Job, a ChargeArgs) error {
+		fmt.Printf("  [worker] attempt %d: card declined for invoice %d, no point retrying\n", job.Attempt, a.Invoice)
 		return backlog.Permanent(errors.New("card declined"))
 	})
 
 	// Enqueue: one at a time, in a transaction of our own, and in bulk.
 	var ids []uuid.UUID
-	id, err := q.Enqueue(ctx, "email.send", EmailArgs{To: "ada@example.com", Subject: "Welcome"})
+	id, err := q.EnqueueArgs(ctx, EmailArgs{To: "ada@example.com", Subject: "Welcome"})
 	if err != nil {
 		return err
 	}
 	ids = append(ids, id)
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// The job exists only if this transaction commits.
-		id, err := q.EnqueueTx(ctx, tx, "invoice.charge", map[string]int{"cents": 4200}, backlog.MaxAttempts(3))
+		id, err := q.EnqueueArgsTx(ctx, tx, ChargeArgs{Invoice: 42, Cents: 4200})
 		ids = append(ids, id)
 		return err
 	}); err != nil {
 		return err
 	}
 	// A small DAG: the email waits for the report and reads its result.
-	report := backlog.NewID()
+	report := backlog.Spec(ReportArgs{Month: "2026-10"})
+	report.ID = backlog.NewID()
 	more, err := q.EnqueueMany(ctx, []backlog.JobSpec{
-		{ID: report, Type: "report.render", Args: map[string]string{"month": "2026-10"}},
-		{Type: "email.send", Args: EmailArgs{To: "grace@example.com", Subject: "Your report"},
-			Options: []backlog.EnqueueOption{backlog.DependsOn(report)}},
+		report,
+		backlog.Spec(EmailArgs{To: "grace@example.com", Subject: "Your report"}, backlog.DependsOn(report.ID)),
 	})
 	if err != nil {
 		return err

@@ -26,6 +26,16 @@ type WelcomeArgs struct {
 	Email  string `json:"email"`
 }
 
+// Kind is the job type of WelcomeArgs jobs.
+func (WelcomeArgs) Kind() string { return "email.welcome" }
+
+// EnqueueOptions are the defaults of every welcome email: at most one
+// live job per user (a sign-up retried by the client enqueues no second
+// email), and five attempts.
+func (a WelcomeArgs) EnqueueOptions() []backlog.EnqueueOption {
+	return []backlog.EnqueueOption{backlog.UniqueKey(fmt.Sprintf("welcome:%d", a.UserID)), backlog.MaxAttempts(5)}
+}
+
 // Mailer sends email.
 type Mailer interface {
 	Send(ctx context.Context, to, subject, body string) error
@@ -76,15 +86,14 @@ func (a *App) SignUpTx(ctx context.Context, tx pgx.Tx, email string) (Signup, er
 		return s, fmt.Errorf("creating user %s: %w", email, err)
 	}
 	var err error
-	s.WelcomeJob, err = a.Queue.EnqueueTx(ctx, tx, "email.welcome", WelcomeArgs{UserID: s.UserID, Email: email},
-		backlog.UniqueKey(fmt.Sprintf("welcome:%d", s.UserID)), backlog.MaxAttempts(5))
+	s.WelcomeJob, err = a.Queue.EnqueueArgsTx(ctx, tx, WelcomeArgs{UserID: s.UserID, Email: email})
 	return s, err
 }
 
 // Handlers routes the application's job types.
 func (a *App) Handlers() *backlog.Mux {
 	mux := backlog.NewMux()
-	mux.Handle("email.welcome", backlog.HandleJSON(a.welcome))
+	backlog.HandleArgs(mux, a.welcome)
 	return mux
 }
 

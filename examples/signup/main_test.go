@@ -77,20 +77,20 @@ func TestSignUpEnqueuesTheWelcomeEmailInItsTransaction(t *testing.T) {
 	}
 
 	// Inside the transaction the job is there, with the user's ID...
-	job := backlogtest.RequireEnqueuedTx(ctx, t, app.Queue, tx, "email.welcome", &backlogtest.Want{
-		Args:      WelcomeArgs{UserID: s.UserID, Email: "ada@example.com"},
-		UniqueKey: "welcome:" + itoa(s.UserID),
-		State:     backlog.StateAvailable,
+	job := backlogtest.RequireEnqueuedArgsTx[WelcomeArgs](ctx, t, app.Queue, tx, &backlogtest.Want{
+		UniqueKey:   "welcome:" + itoa(s.UserID),
+		MaxAttempts: 5,
+		State:       backlog.StateAvailable,
 	})
-	if args := backlogtest.Args[WelcomeArgs](t, job); args.UserID != s.UserID {
-		t.Fatalf("args %+v, want user %d", args, s.UserID)
+	if want := (WelcomeArgs{UserID: s.UserID, Email: "ada@example.com"}); job.Args != want || job.Job.ID != s.WelcomeJob {
+		t.Fatalf("job %s with args %+v, want %s with %+v", job.Job.ID, job.Args, s.WelcomeJob, want)
 	}
 	// ...outside it, not yet; and a rollback takes it back with the user.
-	backlogtest.RequireNotEnqueued(ctx, t, app.Queue, "email.welcome", nil)
+	backlogtest.RequireNotEnqueuedArgs[WelcomeArgs](ctx, t, app.Queue, nil)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	backlogtest.RequireNotEnqueued(ctx, t, app.Queue, "email.welcome", nil)
+	backlogtest.RequireNotEnqueuedArgs[WelcomeArgs](ctx, t, app.Queue, nil)
 }
 
 func TestWelcomeOutcomes(t *testing.T) {
