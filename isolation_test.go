@@ -90,7 +90,11 @@ func barrier(n int) backlog.HandlerFunc {
 
 func TestIsolationCompleter(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, backlog.WithLease(time.Second))
+	// Outcomes held back by the poison row would be written after their
+	// leases expired, and the jobs run again: the lease is the bound (3 s:
+	// at 1 s a machine at load 40 let a healthy job's lease expire).
+	const lease = 3 * time.Second
+	e := newEnv(t, backlog.WithLease(lease))
 	e.poison()
 	ctx := context.Background()
 	specs := []backlog.JobSpec{{Type: "iso", Args: poisonArgs("complete")}}
@@ -106,7 +110,7 @@ func TestIsolationCompleter(t *testing.T) {
 		info := e.waitState(id, 10*time.Second, backlog.StateCompleted)
 		require.Equal(t, 1, info.Attempt)
 	}
-	require.Less(t, time.Since(start), 3*time.Second, "healthy outcomes were held back by the poison row")
+	require.Less(t, time.Since(start), 2*lease, "healthy outcomes were held back by the poison row")
 	info := e.waitState(ids[0], 10*time.Second, backlog.StateFailed)
 	require.Contains(t, info.LastError, "poison: refuses completion")
 	require.Contains(t, info.LastError, "recording the job's outcome (completed) failed")
