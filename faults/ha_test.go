@@ -332,9 +332,9 @@ type recoveryFigures struct {
 	// pickupBack: the same, under 1.5 times the p50 of the 10 s before
 	// (pickupBefore), when that was over 10 ms (a busy machine).
 	pickupBack, pickupBefore time.Duration
-	dip    time.Duration // to the first second with completions under half of base
-	thru   time.Duration // to the end of the first second after the dip with completions at 90 % of base
-	base   float64       // completions a second in the 10 s before
+	dip                      time.Duration // to the first second with completions under half of base
+	thru                     time.Duration // to the end of the first second after the dip with completions at 90 % of base
+	base                     float64       // completions a second in the 10 s before
 	// pickups are the pickup p50s, second by second of the enqueues'
 	// acknowledgements, from the start.
 	pickups []time.Duration
