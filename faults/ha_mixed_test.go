@@ -257,15 +257,9 @@ func TestHAMixed(t *testing.T) {
 	v.report(t)
 
 	// --- figures ---
-	var firstExec, swFirstExec *time.Time
-	require.NoError(t, logPool.QueryRow(ctx, `SELECT min(started_at) FROM `+s.logTable+` WHERE started_at > $1`, killAt).Scan(&firstExec))
-	require.NoError(t, logPool.QueryRow(ctx, `SELECT min(started_at) FROM `+s.logTable+` WHERE started_at > $1`, swAt).Scan(&swFirstExec))
-	since := func(at *time.Time, from time.Time) string {
-		if at == nil {
-			return "never"
-		}
-		return at.Sub(from).Round(time.Millisecond).String()
-	}
+	history := pgx.Identifier{backlog.DefaultSchema, "job_history"}.Sanitize()
+	claim, pause := firstClaimAfterPause(t, ctl, history, killAt, 60)
+	swClaim, swPause := firstClaimAfterPause(t, ctl, history, swAt, 60)
 	acked, failed := 0, 0
 	for _, rec := range s.recs {
 		if rec.acked {
@@ -307,8 +301,8 @@ func TestHAMixed(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("kill -> first execution on the new primary %s; switchover asked -> first execution after it %s",
-		since(firstExec, killAt), since(swFirstExec, swAt))
+	t.Logf("kill -> first job claimed on the new primary %s (no claim for %s before it); switchover asked -> first claimed on the new primary %s (no claim for %s before it)",
+		secs(claim), pause.Round(time.Millisecond), secs(swClaim), swPause.Round(time.Millisecond))
 	t.Logf("%d jobs (%v), %d executions (%v), %d periodic plans, %s at most %d running at once (limit %d)",
 		len(d.jobs), counts(d.states), d.execs, counts(d.planned), st.plans, haLimited, peak, haLimit)
 	t.Logf("enqueue calls: %d, %d jobs acknowledged, %d calls failed with an unknown outcome; unique-key samples %d (%d failed during the failovers)",
@@ -339,8 +333,8 @@ func TestHAMixed(t *testing.T) {
 	report(t, summaryRow{
 		Scenario: fmt.Sprintf("HA: mixed workload (seed %d) on pg_auto_failover, 3 worker processes, a kill -9 of the primary's node and a switchover", seed),
 		Jobs:     len(d.jobs),
-		Faults: fmt.Sprintf("kill: writable again after %s, first execution after %s; switchover: %s, first execution after %s",
-			killGap.Round(time.Millisecond), since(firstExec, killAt), swGap.Round(time.Millisecond), since(swFirstExec, swAt)),
+		Faults: fmt.Sprintf("kill: writable again after %s, first claim on the new primary after %s; switchover: %s, first claim after %s",
+			killGap.Round(time.Millisecond), secs(claim), swGap.Round(time.Millisecond), secs(swClaim)),
 		Lost:       st.lost,
 		Duplicates: fmt.Sprintf("%d re-executions caused by the failovers (%s); none of one (job, attempt) overlapped", len(faultReruns), counts(faultReruns)),
 		Pickup:     fmt.Sprintf("workload stopped → every job settled: %s", settleTook.Round(time.Millisecond)),
