@@ -140,7 +140,8 @@ func TestHAFailover(t *testing.T) {
 	swPrimary, err := cl.WaitPrimary(wctx)
 	cancel()
 	require.NoError(t, err)
-	t.Logf("switchover: %s is primary %s after it was asked for", swPrimary, time.Since(swAt).Round(time.Millisecond))
+	swGap := time.Since(swAt)
+	t.Logf("switchover: %s is primary %s after it was asked for", swPrimary, swGap.Round(time.Millisecond))
 	waitFor(t, within, "300 jobs acknowledged after the switchover, and one of them run", func() bool {
 		return pr.ackedSince(swAt) >= 300 && ex.ranEnqueuedAfter(pr, swAt)
 	})
@@ -280,9 +281,18 @@ func TestHAFailover(t *testing.T) {
 	// lost commits were checked against the timeline, txid_status on the
 	// new primary answered "committed" for a write the old primary never
 	// replicated (its transaction ID handed out again), and the job ran
-	// again after its lease expired (4 of 7 runs).
-	if reruns > 0 {
-		t.Errorf("RE-RUN: %d jobs ran again at a later attempt, though no worker died", reruns)
+	// again after its lease expired (4 of 7 runs). A gap longer than the
+	// lease (30 s, the default) is another matter: the outcomes held
+	// across it are refused by their fence, and those jobs run again,
+	// at-least-once (a run on a saturated machine took 34 s to a writable
+	// primary; 2 jobs re-ran, each after 'lease expired').
+	const lease = 30 * time.Second
+	if reruns > 0 && writable < lease && swGap < lease {
+		t.Errorf("RE-RUN: %d jobs ran again at a later attempt, though no worker died and the gaps (%s, %s) were shorter than the lease",
+			reruns, writable.Round(time.Millisecond), swGap.Round(time.Millisecond))
+	} else if reruns > 0 {
+		t.Logf("re-runs: %d jobs ran again at a later attempt: a gap (%s after the kill, %s at the switchover) outlasted the lease (%s)",
+			reruns, writable.Round(time.Millisecond), swGap.Round(time.Millisecond), lease)
 	}
 	// A claim whose answer was lost (it committed, its rows never reached
 	// the worker) leaves its jobs running until their leases expire: they
