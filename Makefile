@@ -69,21 +69,26 @@ measure:
 test-faults:
 	BACKLOG_FAULTS=1 scripts/with-db.sh $(GO) test -race -count=1 -v -timeout 15m ./faults/
 
-# High-availability failover (faults/ha_test.go, internal/hacluster): a
-# pg_auto_failover monitor and two data nodes (synchronous replication) on
-# free loopback ports in a temporary directory, brought up by the test
-# itself; the primary's node is killed, then a switchover. scripts/ha.sh
-# install puts pg_auto_failover on the machine (apt-get, as root) when it
-# is missing. Does not use DATABASE_URL or the server on 5432. Not yet in
-# .ci/run (issue 25): with two data nodes a switchover that comes right
-# after the killed node rejoined can pass through wait_primary, where
-# pg_auto_failover turns synchronous replication off, and writes it
-# acknowledged there are lost with the demoted node (seen in 1 of 3 runs).
-.PHONY: test-ha
+# High-availability failover (faults/ha_test.go, faults/ha_mixed_test.go,
+# internal/hacluster): a pg_auto_failover monitor and three data nodes
+# (number_sync_standbys 1: every commit is on a standby before it is
+# acknowledged) on free loopback ports in a temporary directory, brought
+# up by each test itself; the primary's node is killed with SIGKILL, then
+# a switchover. scripts/ha.sh install puts pg_auto_failover on the machine
+# (apt-get, as root) when it is missing. The clusters do not use
+# DATABASE_URL; TestHAMixed keeps its execution log there (scripts/with-db.sh).
+# BACKLOG_HA_SEED replays TestHAMixed's workload. Two clusters brought up,
+# four failovers: 7 to 9 minutes measured on a loaded 2-core machine. make test-ha-cluster tests the
+# harness alone (internal/hacluster: also a kill -9 of the postmaster
+# alone, which pg_autoctl restarts in place: a crash, not a failover).
+.PHONY: test-ha test-ha-cluster
 test-ha:
+	@scripts/ha.sh install || { rc=$$?; echo "!!! make test-ha: pg_auto_failover is missing and could not be installed: HA tests SKIPPED" >&2; [ -z "$$BACKLOG_CI" ] || exit 1; [ $$rc -eq 3 ] || exit $$rc; }
+	BACKLOG_HA=1 scripts/with-db.sh $(GO) test -race -count=1 -v -timeout 15m -run 'TestHA' ./faults/
+
+test-ha-cluster:
 	scripts/ha.sh install
 	BACKLOG_HA=1 $(GO) test -race -count=1 -v -timeout 15m -run 'TestCluster' ./internal/hacluster/
-	BACKLOG_HA=1 $(GO) test -race -count=1 -v -timeout 15m -run 'TestHA' ./faults/
 
 # Dashboard browser tests (backlogui/browsertest, its own module so the
 # library never depends on chromedp): a seeded queue driven in headless

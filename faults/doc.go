@@ -7,5 +7,8 @@
 // itself, and ends with exact accounting of every job it enqueued.
 //
 // The suite is slow, so it runs only when BACKLOG_FAULTS=1 (make
-// test-faults); otherwise every test skips.
+// test-faults); otherwise every test skips. The high-availability
+// scenarios (TestHAFailover, TestHAMixed: a pg_auto_failover cluster, a
+// killed primary and a switchover) run only when BACKLOG_HA=1 (make
+// test-ha; see docs/high-availability.md).
 package faults

@@ -36,16 +36,18 @@ func requireHA(t *testing.T) {
 // TestHAFailover: a worker process (a Queue and Work, in-process) and a
 // producer (another Queue, on a pool of its own, so that the worker
 // learns of new jobs through LISTEN/NOTIFY as a separate process would)
-// run against a pg_auto_failover cluster (a primary and a synchronous
-// standby) through the multi-host URL with target_session_attrs=read-write.
-// The producer enqueues with EnqueueTx, one job a transaction, about 300
-// jobs/s, and records every job whose commit was acknowledged. The
-// primary's node is killed with SIGKILL (a failover), the old node rejoins
-// as a standby, then a controlled switchover moves the primary back.
-// Afterwards: every acknowledged job is terminal (none lost) and no (job,
-// attempt) ran twice; the figures are logged (time from the kill to the
-// first write and to the first claim on the new primary, pickup latency by
-// phase, the library's warnings and errors).
+// run against a pg_auto_failover cluster (a primary and two standbys,
+// number_sync_standbys 1) through the multi-host URL with
+// target_session_attrs=read-write. The producer enqueues with EnqueueTx,
+// one job a transaction, about 300 jobs/s, and records every job whose
+// commit was acknowledged. The primary's node is killed with SIGKILL (a
+// failover); once the old node has rejoined as a standby and every node
+// has settled, a controlled switchover. Afterwards: every acknowledged job
+// is terminal (none lost), no (job, attempt) ran twice and no job ran
+// again; the figures are logged (from the kill, and from the switchover:
+// the first write and the first claim on the new primary, pickup latency
+// back under 10 ms, completions back at 90 % of the rate before; pickup
+// by phase; the library's warnings and errors).
 func TestHAFailover(t *testing.T) {
 	requireHA(t)
 	ctx := context.Background()
@@ -138,10 +140,14 @@ func TestHAFailover(t *testing.T) {
 	swPrimary, err := cl.WaitPrimary(wctx)
 	cancel()
 	require.NoError(t, err)
-	t.Logf("switchover: %s is primary %s after it was asked for", swPrimary, time.Since(swAt).Round(time.Millisecond))
+	swGap := time.Since(swAt)
+	t.Logf("switchover: %s is primary %s after it was asked for", swPrimary, swGap.Round(time.Millisecond))
 	waitFor(t, within, "300 jobs acknowledged after the switchover, and one of them run", func() bool {
 		return pr.ackedSince(swAt) >= 300 && ex.ranEnqueuedAfter(pr, swAt)
 	})
+	// 10 s more on the new primary, for the recovery figures.
+	more := time.NewTimer(10 * time.Second)
+	<-more.C // load shaping: the workload runs meanwhile
 	swFirstAck := pr.firstAckAfter(swAt)
 
 	// 4. Stop producing; every acknowledged job must reach a terminal state.
@@ -166,9 +172,9 @@ func TestHAFailover(t *testing.T) {
 		}
 		return at.Sub(from).Round(time.Millisecond).String()
 	}
-	t.Logf("kill -> new primary writable %s, -> first acknowledged enqueue %s, -> first claim on the new primary %s",
+	t.Logf("kill -> new primary writable %s, -> first acknowledged enqueue begun after it %s, -> first claim after it %s",
 		writable.Round(time.Millisecond), since(&firstAck, killAt), since(firstClaim, killAt))
-	t.Logf("switchover asked -> first acknowledged enqueue %s, -> first claim after it %s",
+	t.Logf("switchover asked -> first acknowledged enqueue begun after it %s, -> first claim after it %s (see the recovery figures below for the first on the new primary)",
 		since(&swFirstAck, swAt), since(swFirstClaim, swAt))
 	for _, ph := range []struct {
 		name     string
@@ -209,6 +215,26 @@ func TestHAFailover(t *testing.T) {
 		}
 		require.NoError(t, rows.Err())
 		t.Logf("pickup by second of creation after the %s:\n%s", w.name, b.String())
+	}
+
+	// How the queue came back: the issue's three figures.
+	for _, w := range []struct {
+		name string
+		from time.Time
+	}{{"kill", killAt}, {"switchover", swAt}} {
+		rc := measureRecovery(t, wpool, history, pr, ex, w.from, 30)
+		var b strings.Builder
+		for i, p := range rc.pickups {
+			if p >= 0 {
+				fmt.Fprintf(&b, " +%ds %s", i, p.Round(100*time.Microsecond))
+			}
+		}
+		t.Logf("recovery after the %s: first job claimed on the new primary %s after it (no claim for %s before it); pickup p50 (commit acknowledged -> handler) under 10 ms for 3 s running "+
+			"from enqueues acknowledged %s after it, under 1.5 × the p50 of the 10 s before (%s) from %s after it; "+
+			"completions under half the rate of the 10 s before (%.0f/s) from the second starting %s after it, back at 90 %% in the second ending %s after it; "+
+			"pickup p50 by second:%s",
+			w.name, secs(rc.claim), rc.pause.Round(time.Millisecond), secs(rc.pickup), rc.pickupBefore.Round(100*time.Microsecond), secs(rc.pickupBack), rc.base,
+			secs(rc.dip), secs(rc.thru), b.String())
 	}
 
 	// --- the checks ---
@@ -255,9 +281,18 @@ func TestHAFailover(t *testing.T) {
 	// lost commits were checked against the timeline, txid_status on the
 	// new primary answered "committed" for a write the old primary never
 	// replicated (its transaction ID handed out again), and the job ran
-	// again after its lease expired (4 of 7 runs).
-	if reruns > 0 {
-		t.Errorf("RE-RUN: %d jobs ran again at a later attempt, though no worker died", reruns)
+	// again after its lease expired (4 of 7 runs). A gap longer than the
+	// lease (30 s, the default) is another matter: the outcomes held
+	// across it are refused by their fence, and those jobs run again,
+	// at-least-once (a run on a saturated machine took 34 s to a writable
+	// primary; 2 jobs re-ran, each after 'lease expired').
+	const lease = 30 * time.Second
+	if reruns > 0 && writable < lease && swGap < lease {
+		t.Errorf("RE-RUN: %d jobs ran again at a later attempt, though no worker died and the gaps (%s, %s) were shorter than the lease",
+			reruns, writable.Round(time.Millisecond), swGap.Round(time.Millisecond))
+	} else if reruns > 0 {
+		t.Logf("re-runs: %d jobs ran again at a later attempt: a gap (%s after the kill, %s at the switchover) outlasted the lease (%s)",
+			reruns, writable.Round(time.Millisecond), swGap.Round(time.Millisecond), lease)
 	}
 	// A claim whose answer was lost (it committed, its rows never reached
 	// the worker) leaves its jobs running until their leases expire: they
@@ -297,6 +332,159 @@ func TestHAFailover(t *testing.T) {
 		t.Logf("txid_status probe: xid %d first asked at +%s; now %s; rows of jobs/job_history with that xmin: %d",
 			x, at.Sub(began).Round(time.Millisecond), st, rowsBy)
 	}
+}
+
+// recoveryFigures are how the queue came back after a failover, each
+// from its start (-1: not within the window measured).
+type recoveryFigures struct {
+	claim  time.Duration // to the first job claimed on the new primary
+	pause  time.Duration // the pause in claims that ended there
+	pickup time.Duration // to the first second of acknowledged enqueues from which pickup p50 stays under 10 ms for 3 s
+	// pickupBack: the same, under 1.5 times the p50 of the 10 s before
+	// (pickupBefore), when that was over 10 ms (a busy machine).
+	pickupBack, pickupBefore time.Duration
+	dip                      time.Duration // to the first second with completions under half of base
+	thru                     time.Duration // to the end of the first second after the dip with completions at 90 % of base
+	base                     float64       // completions a second in the 10 s before
+	// pickups are the pickup p50s, second by second of the enqueues'
+	// acknowledgements, from the start.
+	pickups []time.Duration
+}
+
+// firstClaimAfterPause returns the first claim on the new primary after a
+// failover that began at from: the first claim (job_history.started_at,
+// history quoted) after the longest pause between claims in the window
+// (backends of a killed postmaster can still commit, and replicate, for a
+// moment; a switchover stops writes only once the primary is demoted),
+// from from, and the pause. -1 when no claim was seen.
+func firstClaimAfterPause(t *testing.T, db *pgxpool.Pool, history string, from time.Time, window int) (claim, pause time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	claim = -1
+	rows, err := db.Query(ctx, `SELECT started_at, extract(epoch FROM started_at - lag(started_at) OVER (ORDER BY started_at))::float8 FROM `+history+`
+		WHERE started_at >= $1 AND started_at < $2 ORDER BY started_at`, from.Add(-time.Second), from.Add(time.Duration(window)*time.Second))
+	require.NoError(t, err)
+	var longest time.Duration
+	for rows.Next() {
+		var at time.Time
+		var secs *float64
+		require.NoError(t, rows.Scan(&at, &secs))
+		if gap := time.Duration(0); secs != nil {
+			if gap = time.Duration(*secs * float64(time.Second)); gap > longest {
+				longest, claim, pause = gap, at.Sub(from), gap
+			}
+		}
+	}
+	require.NoError(t, rows.Err())
+	return claim, pause
+}
+
+// pickupRecovery returns how long after from the pickup p50 (from an
+// enqueue's acknowledged commit to its handler's start, as the producer
+// and the handler saw them, clamped at 0: a job may start before its
+// producer hears of the commit) went under under and stayed there for 3
+// seconds (-1: not within window seconds), and the p50 of each second.
+func pickupRecovery(pr *producer, ex *execLog, from time.Time, window int, under time.Duration) (time.Duration, []time.Duration) {
+	by := make([][]time.Duration, window)
+	pr.mu.Lock()
+	ex.mu.Lock()
+	for id, a := range pr.acked {
+		sec := int(a.acked.Sub(from) / time.Second)
+		if a.acked.Before(from) || sec >= window {
+			continue
+		}
+		if at, ok := ex.first[id]; ok {
+			by[sec] = append(by[sec], max(0, at.Sub(a.acked)))
+		}
+	}
+	ex.mu.Unlock()
+	pr.mu.Unlock()
+	p50s := make([]time.Duration, window)
+	for i, ds := range by {
+		p50s[i] = -1
+		if len(ds) > 0 {
+			sort.Slice(ds, func(a, b int) bool { return ds[a] < ds[b] })
+			p50s[i] = ds[len(ds)/2]
+		}
+	}
+	for sec := 0; sec+2 < window; sec++ {
+		ok := true
+		for _, p := range p50s[sec : sec+3] {
+			ok = ok && p >= 0 && p < under
+		}
+		if ok {
+			return time.Duration(sec) * time.Second, p50s
+		}
+	}
+	return -1, p50s
+}
+
+// measureRecovery reads job_history (history, quoted), the producer's
+// acknowledgements and the execution log for the recovery after a
+// failover that began at from, over window seconds.
+func measureRecovery(t *testing.T, db *pgxpool.Pool, history string, pr *producer, ex *execLog, from time.Time, window int) recoveryFigures {
+	t.Helper()
+	ctx := context.Background()
+	rc := recoveryFigures{claim: -1, pickup: -1, pickupBack: -1, dip: -1, thru: -1}
+	_, p50sBefore := pickupRecovery(pr, ex, from.Add(-10*time.Second), 10, 0)
+	rc.pickupBefore = median(p50sBefore)
+	rc.pickup, rc.pickups = pickupRecovery(pr, ex, from, window, 10*time.Millisecond)
+	rc.pickupBack, _ = pickupRecovery(pr, ex, from, window, max(10*time.Millisecond, rc.pickupBefore*3/2))
+	rc.claim, rc.pause = firstClaimAfterPause(t, db, history, from, window)
+	var before int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM `+history+` WHERE finished_at >= $1 AND finished_at < $2`,
+		from.Add(-10*time.Second), from).Scan(&before))
+	rc.base = float64(before) / 10
+	to := from.Add(time.Duration(window) * time.Second)
+	done := make([]int, window)
+	rows, err := db.Query(ctx, `SELECT floor(extract(epoch FROM finished_at - $1))::int, count(*)
+		FROM `+history+` WHERE finished_at >= $1 AND finished_at < $2 GROUP BY 1`, from, to)
+	require.NoError(t, err)
+	for rows.Next() {
+		var sec, n int
+		require.NoError(t, rows.Scan(&sec, &n))
+		done[sec] = n
+	}
+	require.NoError(t, rows.Err())
+	// The dip: the first second under half the rate before (a switchover
+	// stops writes only once the primary is demoted, seconds after it was
+	// asked for); then the first second back at 90 %.
+	dip := -1
+	for sec, n := range done {
+		switch {
+		case rc.base == 0:
+		case dip < 0 && float64(n) < 0.5*rc.base:
+			dip = sec
+			rc.dip = time.Duration(sec) * time.Second
+		case dip >= 0 && float64(n) >= 0.9*rc.base:
+			rc.thru = time.Duration(sec+1) * time.Second
+			return rc
+		}
+	}
+	return rc
+}
+
+// median returns the median of the non-negative durations (-1: none).
+func median(ds []time.Duration) time.Duration {
+	var ok []time.Duration
+	for _, d := range ds {
+		if d >= 0 {
+			ok = append(ok, d)
+		}
+	}
+	if len(ok) == 0 {
+		return -1
+	}
+	sort.Slice(ok, func(a, b int) bool { return ok[a] < ok[b] })
+	return ok[len(ok)/2]
+}
+
+// secs formats a recovery figure.
+func secs(d time.Duration) string {
+	if d < 0 {
+		return "not within the window"
+	}
+	return d.Round(time.Millisecond).String()
 }
 
 func f1(p *float64) string {

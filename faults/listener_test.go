@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
+	"github.com/backlogq/backlog/internal/testdb"
 )
 
 // listenerPID waits until exactly one backend of the queue under test is
@@ -187,4 +190,66 @@ func TestListenerLoss(t *testing.T) {
 			Pickup:     "insert after kill → job start (via the reconnect's wake-up): " + pickup.String(),
 		})
 	})
+}
+
+// TestListenerRetriesEverySecond: the listener's connection attempts fail
+// (WithListenConn) eleven times in a row, as while no primary takes
+// connections during a failover. The gaps between attempts stay within
+// the bound (1 s, jittered up to 1.5 s) instead of growing to 5 s (7.5 s
+// jittered: in TestHAFailover workers stayed idle for seconds after the
+// new primary took writes), and once an attempt succeeds, a job another
+// process enqueued meanwhile runs at once: the reconnect wakes every
+// domain (the backup poll is an hour).
+func TestListenerRetriesEverySecond(t *testing.T) {
+	requireFaults(t)
+	const failures = 11
+	e := newFEnv(t)
+	var mu sync.Mutex
+	var attempts []time.Time
+	connect := func(ctx context.Context) (*pgx.Conn, error) {
+		mu.Lock()
+		attempts = append(attempts, time.Now())
+		n := len(attempts)
+		mu.Unlock()
+		if n <= failures {
+			return nil, fmt.Errorf("attempt %d: %w", n, syscall.ECONNREFUSED)
+		}
+		return pgx.Connect(ctx, testdb.URL())
+	}
+	nAttempts := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(attempts)
+	}
+	q := e.queue(e.pool("lr", 4, nil), "lr", backlog.WithListenConn(connect), backlog.WithPollInterval(time.Hour))
+	ran := make(chan time.Time, 1)
+	work(t, q, backlog.HandlerFunc(func(ctx context.Context, j *backlog.Job) error {
+		select {
+		case ran <- time.Now():
+		default:
+		}
+		return nil
+	}), backlog.Types("lr.work"))
+	eventually(t, 10*time.Second, 10*time.Millisecond, "two failed LISTEN connects", func() bool { return nAttempts() >= 2 })
+	_, err := e.q.Enqueue(context.Background(), "lr.work", nil) // its NOTIFY is lost: nobody listens
+	require.NoError(t, err)
+	var at time.Time
+	select {
+	case at = <-ran:
+	case <-time.After(time.Minute):
+		t.Fatalf("the job never ran (%d connect attempts)", nAttempts())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Greater(t, len(attempts), failures)
+	var gaps durations
+	for i := 1; i <= failures; i++ {
+		gaps = append(gaps, attempts[i].Sub(attempts[i-1]))
+	}
+	t.Logf("gaps between LISTEN connect attempts: %v; the job ran %s after the attempt that connected",
+		gaps, at.Sub(attempts[failures]).Round(time.Millisecond))
+	for i, g := range gaps {
+		require.LessOrEqual(t, g, 2*time.Second, "gap %d between connect attempts (1 s bound, 1.5 s jittered)", i+1)
+	}
+	require.Less(t, at.Sub(attempts[failures]), 2*time.Second, "the reconnect did not wake the idle worker")
 }

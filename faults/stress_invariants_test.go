@@ -96,8 +96,12 @@ func (s *stress) load() *stressData {
 		d.states[j.State]++
 	}
 	require.NoError(t, rows.Err())
-	rows, err = e.ctl.Query(ctx, `SELECT job_id, attempt, worker, tags, nth, planned, COALESCE(outcome, ''), started_at, ended_at
-		FROM `+e.table(stressExecTable)+` ORDER BY started_at, id`)
+	logDB, logTable := e.ctl, e.table(stressExecTable)
+	if s.logDB != nil {
+		logDB, logTable = s.logDB, s.logTable
+	}
+	rows, err = logDB.Query(ctx, `SELECT job_id, attempt, worker, tags, nth, planned, COALESCE(outcome, ''), started_at, ended_at
+		FROM `+logTable+` ORDER BY started_at, id`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var id uuid.UUID

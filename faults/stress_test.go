@@ -56,6 +56,16 @@ type stress struct {
 	helds         []heldRec
 	uniqueSamples int
 	uniqueDups    []string
+	// sampleErrs counts the unique-key samples that failed; they fail the
+	// test unless tolerateSampleErrs (TestHAMixed: no primary for seconds
+	// at each failover).
+	sampleErrs         int
+	tolerateSampleErrs bool
+	// logDB and logTable hold the handlers' execution log (default: the
+	// control pool and the scenario schema's stress_exec; TestHAMixed
+	// keeps it on a server no failover touches).
+	logDB    *pgxpool.Pool
+	logTable string
 	// The fault driver's (test goroutine only).
 	kills []killRec
 	terms []termRec

@@ -11,14 +11,15 @@
 #   scripts/ha.sh check     exits 0 when they are there, 3 when not
 #
 # The clusters themselves are brought up and torn down by the Go harness
-# (internal/hacluster): a monitor and two data nodes in a temporary
+# (internal/hacluster): a monitor and three data nodes in a temporary
 # directory, on free loopback ports, run as the `backlogtest` system user
 # when the tests run as root. This script never touches a running
 # PostgreSQL: installing the two packages starts no service and creates no
 # cluster (apt-get is told to install nothing else and upgrade nothing).
 #
-# Exit status: 0 on success; 3 when the packages are missing and cannot be
-# installed (not root, no apt-get: callers may skip); 1 on other errors.
+# Installing needs root, or sudo. Exit status: 0 on success; 3 when the
+# packages are missing and cannot be installed (not root and no sudo, no
+# apt-get, apt-get failed: callers may skip); 1 on other errors.
 set -euo pipefail
 
 prog=ha.sh
@@ -55,13 +56,17 @@ install)
 		log "pg_auto_failover for PostgreSQL $v already installed"
 		exit 0
 	fi
-	[ "$(id -u)" -eq 0 ] || { log "pg_auto_failover is missing and installing it needs root"; exit 3; }
+	sudo=()
+	if [ "$(id -u)" -ne 0 ]; then
+		command -v sudo >/dev/null || { log "pg_auto_failover is missing and installing it needs root (no sudo found)"; exit 3; }
+		sudo=(sudo env DEBIAN_FRONTEND=noninteractive)
+	fi
 	command -v apt-get >/dev/null || { log "pg_auto_failover is missing and there is no apt-get"; exit 3; }
 	export DEBIAN_FRONTEND=noninteractive
 	log "apt-get update"
-	apt-get update -qq >&2 || { log "apt-get update failed"; exit 3; }
+	"${sudo[@]}" apt-get update -qq >&2 || { log "apt-get update failed"; exit 3; }
 	log "apt-get install postgresql-$v-auto-failover pg-auto-failover-cli"
-	apt-get install -y -qq --no-install-recommends --no-upgrade \
+	"${sudo[@]}" apt-get install -y -qq --no-install-recommends --no-upgrade \
 		"postgresql-$v-auto-failover" pg-auto-failover-cli >&2 ||
 		{ log "apt-get install failed"; exit 3; }
 	present "$v" || { log "installed, but pg_autoctl or the pgautofailover extension is still missing"; exit 1; }

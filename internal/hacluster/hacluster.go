@@ -1,7 +1,8 @@
 // Package hacluster runs a private high-availability PostgreSQL cluster for
-// failover tests: a pg_auto_failover monitor and two data nodes (a primary
-// and a synchronous standby) on free loopback ports, in a temporary
-// directory removed when the test ends. scripts/ha.sh install puts
+// failover tests: a pg_auto_failover monitor and three data nodes (a
+// primary and two standbys, number_sync_standbys 1: every commit is on at
+// least one standby before it is acknowledged) on free loopback ports, in
+// a temporary directory removed when the test ends. scripts/ha.sh install puts
 // pg_auto_failover on the machine (Debian packages
 // postgresql-<N>-auto-failover and pg-auto-failover-cli).
 //
@@ -12,6 +13,16 @@
 // checks are tightened (a node is unhealthy after about 2 s without an
 // answer, a primary that lost the monitor is given 5 s to demote itself)
 // so that a failover takes seconds rather than the default half minute.
+//
+// Why three data nodes: with two, a node promoted while the other is away
+// (a failover, a switchover) runs in pg_auto_failover's wait_primary
+// state, in which synchronous_standby_names is empty and commits are
+// acknowledged before any standby has them; a switchover soon after
+// loses them with the demoted node (seen in 1 of 3 runs of
+// TestHAFailover). With two standbys and number_sync_standbys 1, one
+// standby gone leaves the other synchronous, and the tests wait (Settled)
+// until every node has reached the state the monitor assigned it before
+// each failover step.
 package hacluster
 
 import (
@@ -41,9 +52,13 @@ const Database = "backlog"
 const (
 	Node1 = "node1"
 	Node2 = "node2"
+	Node3 = "node3"
 )
 
-// Cluster is a monitor and two data nodes, torn down when the test ends.
+// Nodes are the data nodes' names, node1 the first primary.
+var Nodes = []string{Node1, Node2, Node3}
+
+// Cluster is a monitor and three data nodes, torn down when the test ends.
 type Cluster struct {
 	t       testing.TB
 	bin     string // PostgreSQL server binaries
@@ -71,8 +86,9 @@ type proc struct {
 	err  error         // its exit status, once done
 }
 
-// Start brings up the monitor and the two data nodes and waits until node1
-// is the primary and node2 its synchronous standby. It skips the test when
+// Start brings up the monitor and the three data nodes, sets
+// number_sync_standbys to 1, and waits until node1 is the primary and the
+// others its standbys, synchronous_standby_names naming both. It skips the test when
 // pg_auto_failover or the PostgreSQL server is missing (a failure when fail
 // is set, as in CI).
 func Start(t testing.TB, fail bool) *Cluster {
@@ -101,13 +117,14 @@ func Start(t testing.TB, fail bool) *Cluster {
 			t.Fatalf("hacluster: %v", err)
 		}
 	}
-	ports, err := freePorts(3)
+	ports, err := freePorts(1 + len(Nodes))
 	if err != nil {
 		t.Fatalf("hacluster: %v", err)
 	}
 	c.monitorPort = ports[0]
-	c.nodes[Node1] = &node{name: Node1, port: ports[1]}
-	c.nodes[Node2] = &node{name: Node2, port: ports[2]}
+	for i, name := range Nodes {
+		c.nodes[name] = &node{name: name, port: ports[1+i]}
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -163,8 +180,9 @@ func (c *Cluster) bringUp(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	// node1 first (it registers as single), then node2 (a standby).
-	for _, name := range []string{Node1, Node2} {
+	// node1 first (it registers as single), then the standbys, one at a
+	// time (each a base backup of node1).
+	for _, name := range Nodes {
 		n := c.nodes[name]
 		if n.proc, err = c.spawn(name, "create", "postgres", "--pgctl", filepath.Join(c.bin, "pg_ctl"),
 			"--pgdata", c.pgdata(name), "--pghost", "127.0.0.1", "--pgport", strconv.Itoa(n.port),
@@ -174,30 +192,54 @@ func (c *Cluster) bringUp(ctx context.Context) error {
 			return err
 		}
 		want := "single"
-		if name == Node2 {
+		if name != Node1 {
 			want = "secondary"
 		}
 		if err := c.waitState(ctx, name, want); err != nil {
 			return err
 		}
 	}
-	return c.WaitHealthy(ctx)
+	// One standby must have every commit before it is acknowledged (the
+	// default, 0, acknowledges commits with no standby at all when they
+	// are all away). pg_autoctl set formation goes through a node's
+	// keeper to the monitor.
+	if out, err := c.command("set", "formation", "number-sync-standbys", "1",
+		"--pgdata", c.pgdata(Node1)).CombinedOutput(); err != nil {
+		return fmt.Errorf("pg_autoctl set formation number-sync-standbys 1: %v\n%s", err, out)
+	}
+	if err := c.WaitHealthy(ctx); err != nil {
+		return err
+	}
+	return c.poll(ctx, "synchronous_standby_names to name both standbys", func(ctx context.Context) (bool, error) {
+		s, err := c.SynchronousStandbyNames(ctx)
+		if err != nil {
+			return false, err
+		}
+		return strings.HasPrefix(s, "ANY 1 (") && strings.Count(s, ",") == 1, fmt.Errorf("synchronous_standby_names = %q", s)
+	})
 }
 
-// URL is the connection string of whichever node is the primary: both data
-// nodes, with target_session_attrs=read-write (pgx tries them in order and
-// keeps the one that accepts writes).
+// URL is the connection string of whichever node is the primary: every
+// data node, with target_session_attrs=read-write (pgx tries them in
+// order and keeps the one that accepts writes).
 func (c *Cluster) URL() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write",
-		c.nodes[Node1].port, c.nodes[Node2].port, Database)
+	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&target_session_attrs=read-write", c.hosts(), Database)
 }
 
-// StandbyURL is the connection string of whichever node is the standby
+// StandbyURL is the connection string of a standby
 // (target_session_attrs=prefer-standby: the primary when no standby
 // answers).
 func (c *Cluster) StandbyURL() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=prefer-standby",
-		c.nodes[Node1].port, c.nodes[Node2].port, Database)
+	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&target_session_attrs=prefer-standby", c.hosts(), Database)
+}
+
+// hosts lists every data node as host:port, comma-separated.
+func (c *Cluster) hosts() string {
+	hs := make([]string, len(Nodes))
+	for i, name := range Nodes {
+		hs[i] = fmt.Sprintf("127.0.0.1:%d", c.nodes[name].port)
+	}
+	return strings.Join(hs, ",")
 }
 
 // NodeURL is the connection string of one data node.
@@ -371,26 +413,29 @@ func (c *Cluster) WaitPrimary(ctx context.Context) (string, error) {
 	return name, err
 }
 
-// WaitHealthy waits until one node is primary and the other a secondary,
-// both as reported and as assigned (synchronous replication on again).
+// WaitHealthy waits until the formation has settled with every data node
+// in it: one node primary and the others secondary, each as reported and
+// as assigned (no node in a transition such as wait_primary, in which
+// synchronous replication is off, or catchingup). Every failover step of
+// the tests begins from there.
 func (c *Cluster) WaitHealthy(ctx context.Context) error {
-	return c.poll(ctx, "a primary and a secondary", func(ctx context.Context) (bool, error) {
+	return c.poll(ctx, "a primary and every other node secondary", func(ctx context.Context) (bool, error) {
 		ss, err := c.states(ctx)
 		if err != nil {
 			return false, err
 		}
-		var primary, secondary string
+		primaries, secondaries := 0, 0
 		for _, s := range ss {
 			switch {
 			case s.Reported == "primary" && s.Goal == "primary":
-				primary = s.Name
+				primaries++
 			case s.Reported == "secondary" && s.Goal == "secondary":
-				secondary = s.Name
+				secondaries++
 			case s.Reported == "wait_standby" || s.Reported == "catchingup":
 				c.checkpointPrimary(ctx, ss)
 			}
 		}
-		if primary == "" || secondary == "" {
+		if primaries != 1 || secondaries != len(Nodes)-1 || len(ss) != len(Nodes) {
 			return false, fmt.Errorf("states: %v", ss)
 		}
 		return true, nil
@@ -488,11 +533,11 @@ func (c *Cluster) poll(ctx context.Context, what string, cond func(context.Conte
 	}
 }
 
-// Logs returns the pg_autoctl logs of the three processes and the tail
+// Logs returns the pg_autoctl logs of the monitor and the data nodes and the tail
 // of the data nodes' PostgreSQL logs, for a failure message.
 func (c *Cluster) Logs() string {
 	var b strings.Builder
-	for _, name := range []string{"monitor", Node1, Node2} {
+	for _, name := range append([]string{"monitor"}, Nodes...) {
 		out, _ := os.ReadFile(filepath.Join(c.dir, name+".log"))
 		fmt.Fprintf(&b, "==== pg_autoctl %s ====\n%s\n", name, tail(string(out), 60))
 	}
@@ -534,7 +579,7 @@ func (c *Cluster) teardown() {
 		}
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	}
-	for _, name := range []string{"monitor", Node1, Node2} {
+	for _, name := range append([]string{"monitor"}, Nodes...) {
 		if pid := c.postmasterPID(name); pid > 0 && syscall.Kill(pid, 0) == nil {
 			c.t.Logf("hacluster: %s's postmaster %d outlived its pg_autoctl: stopping it", name, pid)
 			stop := c.pgctl("-D", c.pgdata(name), "-m", "immediate", "-w", "-t", "30", "stop")

@@ -10,7 +10,8 @@ import (
 )
 
 // TestCluster brings a cluster up, checks synchronous replication, kills
-// the primary, rejoins it and switches over. It runs only with
+// the primary, rejoins it and switches over (to either standby: the
+// monitor picks the most advanced). It runs only with
 // BACKLOG_HA=1 (make test-ha).
 func TestCluster(t *testing.T) {
 	if os.Getenv("BACKLOG_HA") != "1" {
@@ -65,8 +66,8 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("switchover %s -> %s in %s", p, p2, time.Since(sw).Round(time.Millisecond))
-	if p2 != old {
-		t.Fatalf("after the switchover the primary is %s, want %s", p2, old)
+	if p2 == p {
+		t.Fatalf("after the switchover the primary is still %s", p2)
 	}
 
 	// kill -9 of the postmaster alone: the keeper restarts it in place.
