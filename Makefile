@@ -96,7 +96,7 @@ test-ui:
 	@browser=$$(scripts/chromium.sh) || { echo "!!! make test-ui: no Chromium could be found or installed: browser tests SKIPPED" >&2; [ -z "$$BACKLOG_CI" ] || exit 1; exit 0; }; \
 	cd backlogui/browsertest && BACKLOG_CHROMIUM=$$browser ../../scripts/with-db.sh $(GO) test -count=1 -v -timeout 5m .
 
-# Regenerates the README's dashboard screenshots (docs/overview.png,
+# Regenerates the dashboard screenshots of docs/dashboard-reference.md (docs/overview.png,
 # docs/job.png) by running the browser tests.
 ui-screenshots:
 	@browser=$$(scripts/chromium.sh) || { echo "make ui-screenshots: no Chromium" >&2; exit 1; }; \
