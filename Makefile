@@ -7,7 +7,7 @@
 GO ?= go
 export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 
-.PHONY: test test-short lint demo cli bench bench-quick soak measure test-faults
+.PHONY: test test-short lint api demo cli bench bench-quick soak measure test-faults
 
 # Every module is tested to its end whatever the others did
 # (scripts/test-all.sh), and the target fails at the end if any did.
@@ -22,6 +22,13 @@ test-short:
 
 lint:
 	scripts/lint.sh
+
+# Regenerates api/backlog.txt, the record of the exported API that make
+# test checks (internal/apicheck; docs/compatibility.md). It refuses to
+# record an API change unless CHANGELOG.md's "## Unreleased" section
+# changed too; run it again after any edit of that section.
+api:
+	$(GO) run ./internal/apicheck/apirecord
 
 demo:
 	scripts/with-db.sh $(GO) run ./examples/quickstart
