@@ -7,7 +7,7 @@
 GO ?= go
 export PATH := $(PATH):/usr/local/go/bin:$(HOME)/go/bin
 
-.PHONY: test test-short lint demo cli bench bench-quick soak measure test-faults
+.PHONY: test test-short lint api demo cli bench bench-quick soak measure test-faults
 
 # Every module is tested to its end whatever the others did
 # (scripts/test-all.sh), and the target fails at the end if any did.
@@ -22,6 +22,13 @@ test-short:
 
 lint:
 	scripts/lint.sh
+
+# Regenerates api/backlog.txt, the record of the exported API that make
+# test checks (internal/apicheck; docs/compatibility.md). It refuses to
+# record an API change unless CHANGELOG.md's "## Unreleased" section
+# changed too; run it again after any edit of that section.
+api:
+	$(GO) run ./internal/apicheck/apirecord
 
 demo:
 	scripts/with-db.sh $(GO) run ./examples/quickstart
@@ -101,7 +108,7 @@ test-ui:
 	@browser=$$(scripts/chromium.sh) || { echo "!!! make test-ui: no Chromium could be found or installed: browser tests SKIPPED" >&2; [ -z "$$BACKLOG_CI" ] || exit 1; exit 0; }; \
 	cd backlogui/browsertest && BACKLOG_CHROMIUM=$$browser ../../scripts/with-db.sh $(GO) test -count=1 -v -timeout 5m .
 
-# Regenerates the README's dashboard screenshots (docs/overview.png,
+# Regenerates the dashboard screenshots of docs/dashboard-reference.md (docs/overview.png,
 # docs/job.png) by running the browser tests.
 ui-screenshots:
 	@browser=$$(scripts/chromium.sh) || { echo "make ui-screenshots: no Chromium" >&2; exit 1; }; \

@@ -48,7 +48,7 @@
 // returns an [*InputError] naming the field, and nothing is written.
 // Programs not written in Go enqueue with the SQL function enqueue() in the
 // queue's schema, which validates, writes and announces a job the same way
-// (README, "Enqueue from SQL").
+// ([Enqueue from SQL]).
 //
 // # Typed jobs
 //
@@ -90,6 +90,28 @@
 // at once. Jobs with concurrency keys are claimed round-robin across keys,
 // so one key's backlog does not hold up the others.
 //
+// # Guides
+//
+// The repository's README.md is the front door (a quickstart, a
+// comparison with other queues, the headline benchmarks); its docs
+// directory has one guide per topic:
+//
+//   - [API tour]: enqueue, work, outcomes, cancel, periodic jobs,
+//     operating on jobs and types, hooks, errors, progress
+//   - [DAGs and results]: [DependsOn], and reading prerequisites' results
+//   - [Ordering and unique keys]: [OrderingKey] and [UniqueKey]
+//   - [Flow control]: [Queue.SetLimit], fairness across keys
+//   - [Enqueue from SQL]: the enqueue() function
+//   - [database/sql]: [Queue.EnqueueTx] with database/sql, sqlx, GORM, Bun
+//   - [Testing your code]: package backlogtest
+//   - [OpenTelemetry]: module otelbacklog
+//   - [Configuration]: every option with its default
+//   - [Operations and upgrades]: migrations, PgBouncer, long transactions
+//   - [Compatibility]: what a release may change; deprecation; migrations
+//     and rolling upgrades
+//   - [CLI], [Dashboard], [Guarantees and how it works], [Fault tolerance],
+//     [Benchmarks], and the [CHANGELOG]
+//
 // # Limits and defaults
 //
 // Every limit on input and every default, in one place; each option's doc
@@ -117,7 +139,7 @@
 //   - jobs in one [Queue.EnqueueMany], [Queue.EnqueueManyTx] or
 //     [Queue.InsertMany] call: at most 10,000 ([MaxBatchJobs])
 //   - text is valid UTF-8 without NUL bytes; JSON is what PostgreSQL's
-//     jsonb stores (README, "Configuration")
+//     jsonb stores ([Configuration])
 //
 // The Queue ([New]):
 //
@@ -157,4 +179,22 @@
 //     logged
 //   - [Queue.Throughput]: minute counts kept for 2 hours, hour counts for
 //     90 days
+//
+// [API tour]: https://github.com/backlogq/backlog/blob/main/docs/api-tour.md
+// [DAGs and results]: https://github.com/backlogq/backlog/blob/main/docs/dags.md
+// [Ordering and unique keys]: https://github.com/backlogq/backlog/blob/main/docs/ordering-and-unique-keys.md
+// [Flow control]: https://github.com/backlogq/backlog/blob/main/docs/flow-control.md
+// [Enqueue from SQL]: https://github.com/backlogq/backlog/blob/main/docs/sql-enqueue.md
+// [database/sql]: https://github.com/backlogq/backlog/blob/main/docs/database-sql.md
+// [Testing your code]: https://github.com/backlogq/backlog/blob/main/docs/testing.md
+// [OpenTelemetry]: https://github.com/backlogq/backlog/blob/main/docs/opentelemetry.md
+// [Configuration]: https://github.com/backlogq/backlog/blob/main/docs/configuration.md
+// [Operations and upgrades]: https://github.com/backlogq/backlog/blob/main/docs/operations.md
+// [Compatibility]: https://github.com/backlogq/backlog/blob/main/docs/compatibility.md
+// [CLI]: https://github.com/backlogq/backlog/blob/main/docs/cli.md
+// [Dashboard]: https://github.com/backlogq/backlog/blob/main/docs/dashboard-reference.md
+// [Guarantees and how it works]: https://github.com/backlogq/backlog/blob/main/docs/guarantees.md
+// [Fault tolerance]: https://github.com/backlogq/backlog/blob/main/docs/fault-tolerance.md
+// [Benchmarks]: https://github.com/backlogq/backlog/blob/main/docs/benchmarks.md
+// [CHANGELOG]: https://github.com/backlogq/backlog/blob/main/CHANGELOG.md
 package backlog

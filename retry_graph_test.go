@@ -22,7 +22,7 @@ import (
 	"github.com/backlogq/backlog"
 )
 
-// retryRig runs a worker for retrying DAGs by hand (the README's "retry
+// retryRig runs a worker for retrying DAGs by hand (docs/api-tour.md's "retry
 // them too"): "pre" fails while failPre is set, else reports that it runs
 // and waits for gate before it completes with its ID as its result; "val"
 // waits for valGate and completes the same way; "dep" records the
@@ -144,7 +144,7 @@ func (r *retryRig) failedDAG() (pre, dep uuid.UUID) {
 	return pre, dep
 }
 
-// The README's advice, followed with RetryWhere: the failed prerequisite
+// The advice of docs/dags.md, followed with RetryWhere: the failed prerequisite
 // and its cancelled dependent are retried in one call; the dependent
 // waits for the prerequisite, which runs and completes, then runs and
 // reads its result.

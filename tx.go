@@ -34,8 +34,7 @@ import (
 // every caller's types. Callers passing a pgx.Tx compile unchanged.
 //
 // Both kinds run the same statements, with the same validation, locks and
-// notifications; the differences are in the README ("database/sql, sqlx,
-// GORM, Bun").
+// notifications; the differences are in the guide docs/database-sql.md.
 type Tx any
 
 // SQLTx is the database/sql transaction that a Tx may be: the methods of

@@ -98,13 +98,13 @@ func (e *fenv) bouncerPool(url, who string, mode pgx.QueryExecMode) *pgxpool.Poo
 // TestPgBouncerTransactionPooling runs 2,000 jobs exactly once through
 // PgBouncer in transaction pooling mode: LISTEN on a direct connection
 // (WithListenConn) with the pool in QueryExecModeExec and in
-// QueryExecModeCacheDescribe (the two modes the README recommends behind
+// QueryExecModeCacheDescribe (the two modes docs/operations.md recommends behind
 // PgBouncer), and poll-only mode.
 //
 // pgx's default, QueryExecModeCacheStatement, is not tried: it prepares
 // named statements, which PgBouncer 1.18 in transaction pooling cannot keep
 // (Migrate fails with 42P05 "prepared statement stmtcache_… already exists"
-// as soon as a second connection runs it), and the README says to set the
+// as soon as a second connection runs it), and docs/operations.md says to set the
 // mode.
 func TestPgBouncerTransactionPooling(t *testing.T) {
 	requireFaults(t)
@@ -141,11 +141,11 @@ func TestPgBouncerTransactionPooling(t *testing.T) {
 			}
 			q := e.queue(pool, "pgb", opts...)
 			require.NoError(t, q.Migrate(ctx), "Migrate through PgBouncer")
-			// README (Operations → PgBouncer): "Behind PgBouncer set
+			// docs/operations.md (PgBouncer): "Behind PgBouncer set
 			// config.ConnConfig.DefaultQueryExecMode =
 			// pgx.QueryExecModeCacheDescribe (or QueryExecModeExec)".
 			_, err := q.Enqueue(ctx, "s5.probe", nil)
-			require.NoError(t, err, "Enqueue with the pool's DefaultQueryExecMode = %v, as the README recommends behind PgBouncer", c.mode)
+			require.NoError(t, err, "Enqueue with the pool's DefaultQueryExecMode = %v, as docs/operations.md recommends behind PgBouncer", c.mode)
 			_, err = q.EnqueueMany(ctx, []backlog.JobSpec{{Type: "s5.probe"}, {Type: "s5.probe"}})
 			require.NoError(t, err, "EnqueueMany with the pool's DefaultQueryExecMode = %v", c.mode)
 			_, err = pool.Exec(ctx, `DELETE FROM `+e.table("jobs")+` WHERE type = 's5.probe'`)

@@ -300,7 +300,7 @@ func (e *env) shoot(name string) {
 	e.run(scheme("light"))
 }
 
-// docShot writes a README screenshot (light; the viewport, or the whole
+// docShot writes a screenshot of docs/dashboard-reference.md (light; the viewport, or the whole
 // page) when BACKLOG_UI_DOCS names the docs folder.
 func (e *env) docShot(name string, full bool) {
 	e.t.Helper()
