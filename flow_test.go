@@ -583,3 +583,47 @@ func TestSweptJobFreesItsSlotAtOnce(t *testing.T) {
 	}
 	e.waitState(a, 5*time.Second, backlog.StateFailed)
 }
+
+// TestMigration22RollingUpgrade: processes of version 21 keep running
+// against a schema at 0022. Migration 0022 replaced only claim_type's body
+// (same signature), which claim_jobs calls; the claim statement a process
+// sends (internal/store's claim) is the same in versions 21 and 22, so a
+// process of either version claims through the new body: keyed jobs under
+// a per-key limit of 1, worked by two processes, all complete, and no key
+// ever runs two at once.
+func TestMigration22RollingUpgrade(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	st, err := e.q.MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, st.Version, int64(22))
+	require.NoError(t, e.q.SetLimit(ctx, "v21", backlog.Limit{KeyConcurrency: 1}))
+	var specs []backlog.JobSpec
+	for i := range 60 {
+		key := fmt.Sprintf("tenant-%d", i%6)
+		specs = append(specs, backlog.JobSpec{Type: "v21", Args: keyArgs{Key: key}, Options: []backlog.EnqueueOption{backlog.ConcurrencyKey(key)}})
+	}
+	ids, err := e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	g := newGauge()
+	h := backlog.HandleJSON(func(ctx context.Context, job *backlog.Job, a keyArgs) error {
+		g.enter(a.Key)
+		defer g.leave(a.Key)
+		select {
+		case <-time.After(5 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	work(t, e.q, h, backlog.Concurrency(8), backlog.Types("v21"))
+	work(t, e.queue(testdb.NewPool(t, 4)), h, backlog.Concurrency(8), backlog.Types("v21"))
+	for _, id := range ids {
+		e.waitState(id, 60*time.Second, backlog.StateCompleted)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, peak := range g.keyPeak {
+		require.Equal(t, 1, peak, "jobs of %s running at once", k)
+	}
+}

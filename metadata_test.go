@@ -349,3 +349,10 @@ func TestMigration21DownRestoresVersion20(t *testing.T) {
 	t.Parallel()
 	migrationDownRestores(t, 21)
 }
+
+// TestMigration22DownRestoresVersion21: the same for 0022 (the keyed claim
+// in a few statements): claim_type returns to its version 9 definition.
+func TestMigration22DownRestoresVersion21(t *testing.T) {
+	t.Parallel()
+	migrationDownRestores(t, 22)
+}

@@ -91,6 +91,7 @@ var Imports = map[string]string{
 	"otel":        "go.opentelemetry.io/otel",
 	"trace":       "go.opentelemetry.io/otel/trace",
 	"metric":      "go.opentelemetry.io/otel/metric",
+	"bytes":       "bytes",
 	"context":     "context",
 	"errors":      "errors",
 	"fmt":         "fmt",
@@ -257,7 +258,11 @@ func Source(b Block, pkg string) (string, error) {
 	case KindFile, KindRun:
 		return line + b.Code, nil
 	case KindDecls:
-		body := b.Prelude + line + b.Code
+		prelude, err := withoutRedeclared(b.Prelude, b.Code)
+		if err != nil {
+			return "", fmt.Errorf("%s:%d: %w", b.File, b.Line, err)
+		}
+		body := prelude + line + b.Code
 		imps, err := importsOf(body, nil)
 		if err != nil {
 			return "", fmt.Errorf("%s:%d: %w", b.File, b.Line, err)
@@ -513,6 +518,113 @@ func Vet(dir string) error {
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("go vet of the documentation's Go blocks: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// withoutRedeclared returns the prelude without the declarations a
+// declarations block makes itself (a type, with the prelude's methods on
+// it, a function, a variable or a constant of the same name), so that a
+// guide may show a type in a declarations block and use it in fragments,
+// which get it from the prelude.
+func withoutRedeclared(prelude, code string) (string, error) {
+	if prelude == "" {
+		return "", nil
+	}
+	names := func(src string) (*token.FileSet, *ast.File, map[string]bool, error) {
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, "", "package p\n"+src, parser.SkipObjectResolution|parser.ParseComments)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		declared := map[string]bool{}
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Recv == nil {
+					declared[d.Name.Name] = true
+				}
+			case *ast.GenDecl:
+				for _, sp := range d.Specs {
+					switch sp := sp.(type) {
+					case *ast.TypeSpec:
+						declared[sp.Name.Name] = true
+					case *ast.ValueSpec:
+						for _, n := range sp.Names {
+							declared[n.Name] = true
+						}
+					}
+				}
+			}
+		}
+		return fset, f, declared, nil
+	}
+	_, _, mine, err := names(code)
+	if err != nil {
+		return "", fmt.Errorf("the declarations do not parse: %w", err)
+	}
+	fset, f, _, err := names(prelude)
+	if err != nil {
+		return "", fmt.Errorf("the prelude does not parse: %w", err)
+	}
+	src := "package p\n" + prelude
+	// The prelude's first line is its //line directive: keep it, and give
+	// each kept declaration its own, so errors still name the right line.
+	directive, _, _ := strings.Cut(prelude, "\n")
+	file, first := abs(""), 0
+	if m := regexp.MustCompile(`^//line (.*):(\d+)$`).FindStringSubmatch(directive); m != nil {
+		file = m[1]
+		first, _ = strconv.Atoi(m[2])
+	}
+	var out strings.Builder
+	for _, d := range f.Decls {
+		drop := false
+		switch d := d.(type) {
+		case *ast.FuncDecl:
+			if d.Recv == nil {
+				drop = mine[d.Name.Name]
+			} else if len(d.Recv.List) == 1 {
+				t := d.Recv.List[0].Type
+				if st, ok := t.(*ast.StarExpr); ok {
+					t = st.X
+				}
+				if id, ok := t.(*ast.Ident); ok {
+					drop = mine[id.Name]
+				}
+			}
+		case *ast.GenDecl:
+			for _, sp := range d.Specs {
+				switch sp := sp.(type) {
+				case *ast.TypeSpec:
+					drop = drop || mine[sp.Name.Name]
+				case *ast.ValueSpec:
+					for _, n := range sp.Names {
+						drop = drop || mine[n.Name]
+					}
+				}
+			}
+		}
+		if drop {
+			continue
+		}
+		start, end := d.Pos(), d.End()
+		if doc := declDoc(d); doc != nil {
+			start = doc.Pos()
+		}
+		// Line 1 is the package clause, line 2 the directive.
+		fmt.Fprintf(&out, "//line %s:%d\n%s\n", file, first+fset.Position(start).Line-3,
+			src[fset.Position(start).Offset:fset.Position(end).Offset])
+	}
+	return out.String(), nil
+}
+
+// declDoc returns a declaration's doc comment, if any.
+func declDoc(d ast.Decl) *ast.CommentGroup {
+	switch d := d.(type) {
+	case *ast.FuncDecl:
+		return d.Doc
+	case *ast.GenDecl:
+		return d.Doc
 	}
 	return nil
 }
