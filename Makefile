@@ -62,7 +62,8 @@ measure:
 # Fault-tolerance suite (faults/): SIGKILLed worker processes, terminated
 # backends, cut/slow/blackholed connections (in-test TCP proxy), LISTEN loss,
 # PgBouncer in transaction pooling (scripts/pgbouncer.sh installs and runs it),
-# bad input under load, and a randomized stress test (BACKLOG_STRESS_SEED replays
+# bad input under load, a read pool on a streaming hot standby (pg_basebackup -R),
+# and a randomized stress test (BACKLOG_STRESS_SEED replays
 # a run's workload, BACKLOG_STRESS_DURATION lengthens it). About 4 minutes;
 # `make test` skips it (BACKLOG_FAULTS unset).
 .PHONY: test-faults
