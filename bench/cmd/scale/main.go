@@ -8,7 +8,8 @@
 //     process's pool) and PostgreSQL CPU per second, over -idle with no
 //     job;
 //   - burn-down: -jobs jobs inserted while their type is paused, then
-//     resumed: jobs/s until none is left, and PostgreSQL CPU per job;
+//     resumed: jobs/s until none is left, PostgreSQL CPU per job and the
+//     workers' statements per job (claims and outcomes);
 //   - fixed load: -rate jobs/s offered for -load (EnqueueMany every 10
 //     ms): jobs/s completed, PostgreSQL CPU per job, and the wait from due
 //     to start (p50, p99, from job_history);
@@ -55,6 +56,7 @@ type config struct {
 	dbURL    string
 	cmdline  string
 	deadline time.Duration
+	limit    int
 }
 
 func main() {
@@ -71,6 +73,7 @@ func main() {
 	flag.DurationVar(&cfg.idle, "idle", 20*time.Second, "idle window")
 	flag.DurationVar(&cfg.settle, "settle", 3*time.Second, "pause after the processes start, before the idle window")
 	flag.StringVar(&cfg.out, "out", "results/scale.md", "markdown report (also printed)")
+	flag.IntVar(&cfg.limit, "limit", 0, "experiment: a concurrency limit this high on both job types, so that claims take the flow-control path, which serialises the claims of a type across processes (0: none, the default)")
 	flag.DurationVar(&cfg.deadline, "burn-timeout", 5*time.Minute, "give up a burn-down after this long")
 	flag.Parse()
 	for _, f := range strings.Split(procs, ",") {
@@ -140,9 +143,9 @@ func render(cfg *config, rows map[int][]result) string {
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "Produced by `cd bench && ../scripts/with-db.sh %s` on %s, %s, %d CPUs (shared with other work: read the numbers as trends), %s. Medians of %d runs.\n\n",
 		cfg.cmdline, host, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), cfg.runs)
-	b.WriteString("| worker processes | burn-down jobs/s | PG CPU µs/job (burn-down) | fixed load: jobs/s done (offered " + strconv.Itoa(cfg.rate) +
+	b.WriteString("| worker processes | burn-down jobs/s | PG CPU µs/job (burn-down) | worker statements/job (burn-down) | fixed load: jobs/s done (offered " + strconv.Itoa(cfg.rate) +
 		") | PG CPU µs/job (fixed load) | wait p50 / p99 ms (fixed load) | connections held idle (per process) | connections held under load, most seen (per process) | idle statements/s per process | idle PG CPU ms/s |\n")
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, n := range cfg.procs {
 		rs := rows[n]
 		if len(rs) == 0 {
@@ -150,8 +153,9 @@ func render(cfg *config, rows map[int][]result) string {
 		}
 		m := func(f func(result) float64) float64 { return median(rs, f) }
 		idleConns, loadConns := m(func(r result) float64 { return float64(r.idleConns) }), m(func(r result) float64 { return float64(r.loadConns) })
-		fmt.Fprintf(&b, "| %d | %.0f | %s | %.0f | %s | %.1f / %.1f | %.0f (%.1f) | %.0f (%.1f) | %.2f | %s |\n", n,
+		fmt.Fprintf(&b, "| %d | %.0f | %s | %.2f | %.0f | %s | %.1f / %.1f | %.0f (%.1f) | %.0f (%.1f) | %.2f | %s |\n", n,
 			m(func(r result) float64 { return r.burnRate }), cpuCell(rs, func(r result) float64 { return r.burnCPU }),
+			m(func(r result) float64 { return r.burnStmts }),
 			m(func(r result) float64 { return r.loadRate }), cpuCell(rs, func(r result) float64 { return r.loadCPU }),
 			m(func(r result) float64 { return r.waitP50 }), m(func(r result) float64 { return r.waitP99 }),
 			idleConns, idleConns/float64(n), loadConns, loadConns/float64(n),

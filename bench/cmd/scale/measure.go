@@ -25,6 +25,7 @@ import (
 // result is one run with n worker processes.
 type result struct {
 	burnRate, burnCPU  float64 // jobs/s; PostgreSQL µs per job
+	burnStmts          float64 // the workers' statements per job
 	loadRate, loadCPU  float64 // jobs/s done at the offered rate; µs per job
 	waitP50, waitP99   float64 // ms from due to start under fixed load
 	idleConns          int     // the workers' connections when idle
@@ -34,8 +35,8 @@ type result struct {
 }
 
 func (r result) String() string {
-	return fmt.Sprintf("burn %.0f jobs/s (%.1f µs/job) · load %.0f jobs/s (%.1f µs/job, wait p50 %.1f p99 %.1f ms) · conns idle %d, load %d · idle %.2f stmts/s/process, %.2f ms/s PG CPU",
-		r.burnRate, r.burnCPU, r.loadRate, r.loadCPU, r.waitP50, r.waitP99, r.idleConns, r.loadConns, r.idleStmts, r.idleCPU)
+	return fmt.Sprintf("burn %.0f jobs/s (%.1f µs/job, %.3f statements/job) · load %.0f jobs/s (%.1f µs/job, wait p50 %.1f p99 %.1f ms) · conns idle %d, load %d · idle %.2f stmts/s/process, %.2f ms/s PG CPU",
+		r.burnRate, r.burnCPU, r.burnStmts, r.loadRate, r.loadCPU, r.waitP50, r.waitP99, r.idleConns, r.loadConns, r.idleStmts, r.idleCPU)
 }
 
 // worker is one worker process.
@@ -99,6 +100,13 @@ func measure(ctx context.Context, cfg *config, n int) (res result, err error) {
 	if err := r.q.Migrate(ctx); err != nil {
 		return res, err
 	}
+	if cfg.limit > 0 {
+		for _, t := range []string{burnType, loadType} {
+			if err := r.q.SetLimit(ctx, t, backlog.Limit{Concurrency: cfg.limit}); err != nil {
+				return res, err
+			}
+		}
+	}
 
 	workers, err := startWorkers(ctx, r.schema, n)
 	defer stopWorkers(workers)
@@ -114,7 +122,7 @@ func measure(ctx context.Context, cfg *config, n int) (res result, err error) {
 	if err := r.idle(ctx, workers, &res); err != nil {
 		return res, fmt.Errorf("idle: %w", err)
 	}
-	if err := r.burnDown(ctx, &res); err != nil {
+	if err := r.burnDown(ctx, workers, &res); err != nil {
 		return res, fmt.Errorf("burn-down: %w", err)
 	}
 	if err := r.fixedLoad(ctx, &res); err != nil {
@@ -217,18 +225,21 @@ func (r *run) conns(ctx context.Context) (int, error) {
 	return n, err
 }
 
-func (r *run) idle(ctx context.Context, ws []*worker, res *result) error {
-	count := func() (int64, error) {
-		var sum int64
-		for _, w := range ws {
-			n, err := w.statements()
-			if err != nil {
-				return 0, err
-			}
-			sum += n
+// statements sums the workers' statement counts.
+func statements(ws []*worker) (int64, error) {
+	var sum int64
+	for _, w := range ws {
+		n, err := w.statements()
+		if err != nil {
+			return 0, err
 		}
-		return sum, nil
+		sum += n
 	}
+	return sum, nil
+}
+
+func (r *run) idle(ctx context.Context, ws []*worker, res *result) error {
+	count := func() (int64, error) { return statements(ws) }
 	s0, err := count()
 	if err != nil {
 		return err
@@ -272,11 +283,15 @@ func (r *run) insert(ctx context.Context, typ string, n int) error {
 	return nil
 }
 
-func (r *run) burnDown(ctx context.Context, res *result) error {
+func (r *run) burnDown(ctx context.Context, ws []*worker, res *result) error {
 	if err := r.q.Pause(ctx, burnType); err != nil {
 		return err
 	}
 	if err := r.insert(ctx, burnType, r.cfg.jobs); err != nil {
+		return err
+	}
+	s0, err := statements(ws)
+	if err != nil {
 		return err
 	}
 	c0, err := r.cpu(ctx)
@@ -308,6 +323,11 @@ func (r *run) burnDown(ctx context.Context, res *result) error {
 	if err != nil {
 		return err
 	}
+	s1, err := statements(ws)
+	if err != nil {
+		return err
+	}
+	res.burnStmts = float64(s1-s0) / float64(r.cfg.jobs)
 	res.burnRate = float64(r.cfg.jobs) / d.Seconds()
 	res.burnCPU = float64(pgcpu.Between(c0, c1).Microseconds()) / float64(r.cfg.jobs)
 	return nil
