@@ -47,6 +47,16 @@ bench:
 bench-quick:
 	cd bench && ../scripts/with-db.sh $(GO) run ./cmd/bench -quick
 
+# Scaling out (bench/cmd/scale): 1, 2, 4, 8, 16 and 32 worker processes
+# (each its own pool, default settings) on one database: burn-down, fixed
+# offered load, idle cost, connections held; medians of 3 runs (about 17
+# minutes). A throw-away cluster of its own (max_connections 200: 32
+# processes hold about 160 connections), never the shared server on 5432.
+# Writes bench/results/scale.md. Flags through SCALE_FLAGS.
+.PHONY: scale
+scale:
+	cd bench && BACKLOG_TEST_NO_LOCAL=1 ../scripts/with-db.sh $(GO) run ./cmd/scale $(SCALE_FLAGS)
+
 # Soak (bench/cmd/soak): backlog at 5,000 jobs/s for 30 minutes, then again with
 # a REPEATABLE READ transaction held from minute 12 to 17 (about 62 minutes in
 # all). Writes bench/results/soak.md. Flags through SOAK_FLAGS, e.g.
@@ -69,7 +79,8 @@ measure:
 # Fault-tolerance suite (faults/): SIGKILLed worker processes, terminated
 # backends, cut/slow/blackholed connections (in-test TCP proxy), LISTEN loss,
 # PgBouncer in transaction pooling (scripts/pgbouncer.sh installs and runs it),
-# bad input under load, and a randomized stress test (BACKLOG_STRESS_SEED replays
+# bad input under load, a read pool on a streaming hot standby (pg_basebackup -R),
+# and a randomized stress test (BACKLOG_STRESS_SEED replays
 # a run's workload, BACKLOG_STRESS_DURATION lengthens it). About 4 minutes;
 # `make test` skips it (BACKLOG_FAULTS unset).
 .PHONY: test-faults

@@ -24,20 +24,21 @@ func TestEveryMethodAfterCloseReturnsErrClosed(t *testing.T) {
 	id := uuid.New()
 	h := backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil })
 	calls := map[string]func() error{
-		"Migrate":       func() error { return q.Migrate(ctx) },
-		"Enqueue":       func() error { _, err := q.Enqueue(ctx, "t", nil); return err },
-		"EnqueueMany":   func() error { _, err := q.EnqueueMany(ctx, []backlog.JobSpec{{Type: "t"}}); return err },
-		"InsertMany":    func() error { _, err := q.InsertMany(ctx, nil, []backlog.JobSpec{{Type: "t"}}); return err },
-		"Work":          func() error { return q.Work(ctx, h, backlog.Types("t")) },
-		"Job":           func() error { _, err := q.Job(ctx, id); return err },
-		"Cancel":        func() error { _, err := q.Cancel(ctx, id); return err },
-		"Wait":          func() error { _, err := q.Wait(ctx, id); return err },
-		"Stats":         func() error { _, err := q.Stats(ctx); return err },
-		"SweepExpired":  func() error { _, err := q.SweepExpired(ctx); return err },
-		"Clean":         func() error { _, err := q.Clean(ctx); return err },
-		"Every":         func() error { return q.Every("s", time.Hour, "t", nil) },
-		"Cron":          func() error { return q.Cron("c", "@hourly", "t", nil) },
-		"Close (again)": func() error { return errors.Join(q.Close(), backlog.ErrClosed) },
+		"Migrate":        func() error { return q.Migrate(ctx) },
+		"Enqueue":        func() error { _, err := q.Enqueue(ctx, "t", nil); return err },
+		"EnqueueMany":    func() error { _, err := q.EnqueueMany(ctx, []backlog.JobSpec{{Type: "t"}}); return err },
+		"InsertMany":     func() error { _, err := q.InsertMany(ctx, nil, []backlog.JobSpec{{Type: "t"}}); return err },
+		"Work":           func() error { return q.Work(ctx, h, backlog.Types("t")) },
+		"Job":            func() error { _, err := q.Job(ctx, id); return err },
+		"Cancel":         func() error { _, err := q.Cancel(ctx, id); return err },
+		"Wait":           func() error { _, err := q.Wait(ctx, id); return err },
+		"Stats":          func() error { _, err := q.Stats(ctx); return err },
+		"ReadPoolStatus": func() error { _, err := q.ReadPoolStatus(ctx); return err },
+		"SweepExpired":   func() error { _, err := q.SweepExpired(ctx); return err },
+		"Clean":          func() error { _, err := q.Clean(ctx); return err },
+		"Every":          func() error { return q.Every("s", time.Hour, "t", nil) },
+		"Cron":           func() error { return q.Cron("c", "@hourly", "t", nil) },
+		"Close (again)":  func() error { return errors.Join(q.Close(), backlog.ErrClosed) },
 	}
 	for name, call := range calls {
 		require.ErrorIs(t, call(), backlog.ErrClosed, name)

@@ -248,7 +248,7 @@ func (q *Queue) bulk(ctx context.Context, f Filter, batch func(context.Context, 
 	n := 0
 	opts := ListOptions{Limit: bulkPage, Oldest: true}
 	for {
-		page, err := q.List(ctx, f, opts)
+		page, err := q.listFrom(ctx, q.store, f, opts)
 		if err != nil {
 			return n, err
 		}

@@ -154,6 +154,7 @@
 //   - [WithRetention]: 24 hours for completed jobs, 7 days for failed and
 //     cancelled ones; each at most 90 days
 //   - [WithDiscardCompleted]: none (every finished job is kept)
+//   - [WithReadPool]: none (the operator's reads run on New's pool)
 //   - [WithRetryBackoff]: [DefaultBackoff] (1 s, doubling, capped at 1 h,
 //     ±50 % jitter)
 //

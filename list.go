@@ -85,6 +85,12 @@ func (q *Queue) List(ctx context.Context, f Filter, opts ListOptions) (*ListPage
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
+	return q.listFrom(ctx, q.reads, f, opts)
+}
+
+// listFrom lists through st: the read pool's for List, the primary's for
+// the …Where actions, which must act on the jobs as they are.
+func (q *Queue) listFrom(ctx context.Context, st *store.Store, f Filter, opts ListOptions) (*ListPage, error) {
 	lq, err := f.query()
 	if err != nil {
 		return nil, err
@@ -103,7 +109,7 @@ func (q *Queue) List(ctx context.Context, f Filter, opts ListOptions) (*ListPage
 		}
 		lq.After = &after
 	}
-	res, err := q.store.List(ctx, lq)
+	res, err := st.List(ctx, lq)
 	if err != nil {
 		return nil, q.readErr(ctx, fmt.Errorf("listing jobs: %w", err))
 	}

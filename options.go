@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Defaults that callers may compare against or pass on (the package doc's
@@ -54,6 +55,8 @@ type config struct {
 	pollJitter     time.Duration
 	pollOnly       bool
 	listenConn     func(context.Context) (*pgx.Conn, error)
+	readPool       *pgxpool.Pool
+	readPoolSet    bool // WithReadPool was given (a nil pool is refused)
 	notifyInterval time.Duration
 	sweepInterval  time.Duration
 	backoff        Backoff
@@ -93,6 +96,8 @@ func (cfg *config) validate() error {
 		return invalid("retention", "must be at most 90 days, got %s and %s", cfg.keepCompleted, cfg.keepFailed)
 	case cfg.clock == nil:
 		return invalid("clock", "must not be nil")
+	case cfg.readPoolSet && cfg.readPool == nil:
+		return invalid("read pool", "must not be nil (leave WithReadPool out to read from the primary pool)")
 	}
 	if err := validateText("worker id", cfg.workerID, maxWorkerIDBytes, true); err != nil {
 		return err
@@ -166,6 +171,31 @@ func WithPollOnly() Option { return queueOption(func(c *config) { c.pollOnly = t
 // connection taken out of the Queue's pool (pgxpool Acquire + Hijack).
 func WithListenConn(f func(context.Context) (*pgx.Conn, error)) Option {
 	return queueOption(func(c *config) { c.listenConn = f })
+}
+
+// WithReadPool sends the operator's reads to pool, typically a hot
+// standby of the primary that New's pool connects to: Job, List, Graph,
+// Stats (but for its oldest-open-transaction check, which is about the
+// primary), Throughput, Processes, Schedules, Limits and Paused, and
+// through them the dashboard (backlogui) and the backlog command's read
+// commands. Everything else stays on New's pool: enqueues, claims, the
+// heartbeat, outcomes, the listener, Wait (which must see a job's outcome
+// the moment it is written), Cancel, Retry, Delete, their …Where forms,
+// SetLimit, Pause, migrations and the maintenance loops. ReadPoolStatus
+// tells how far behind the read pool is.
+//
+// Reads from a standby are as old as its replay lag (docs/read-replicas.md):
+// a job just enqueued may be missing from List and Job (ErrNotFound), a
+// finished job may still show as running, Stats may count jobs already
+// claimed as available. There is no fallback to the primary when the
+// read pool's server is down (its reads fail): list the primary as a
+// second host with target_session_attrs=prefer-standby for one. A pool
+// that connects to a primary works too (e.g. a separate pool with
+// fewer connections, to bound the operator's load); its reads are then
+// never stale. The Queue never closes pool; a nil pool is an *InputError.
+// Defaults to none: every read runs on New's pool.
+func WithReadPool(pool *pgxpool.Pool) Option {
+	return queueOption(func(c *config) { c.readPool, c.readPoolSet = pool, true })
 }
 
 // WithNotifyInterval spaces the NOTIFY transactions this process sends for

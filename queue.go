@@ -35,6 +35,10 @@ type Queue struct {
 	cfg   config
 	log   *slog.Logger
 	store *store.Store
+	// reads and readPool serve the operator's reads (WithReadPool): the
+	// read pool's, or store and pool themselves without one.
+	reads    *store.Store
+	readPool *pgxpool.Pool
 	// faults coalesces the background loops' database errors into
 	// outages (one log line when one begins, one when it ends).
 	faults *outage.Tracker
@@ -92,6 +96,10 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	}
 	q := &Queue{pool: pool, cfg: cfg, log: cfg.logger, store: store.New(pool, cfg.schema), closing: make(chan struct{})}
 	q.store.SetRetention(cfg.keepCompleted, cfg.keepFailed)
+	q.reads, q.readPool = q.store, pool
+	if cfg.readPool != nil {
+		q.reads, q.readPool = store.New(cfg.readPool, cfg.schema), cfg.readPool
+	}
 	log := cfg.logger
 	q.faults = outage.New(log)
 	q.procs = registry.New(q.store, log, q.faults, cfg.workerID, randomHex(8), cfg.lease)
@@ -221,12 +229,19 @@ func migrateHint(schema string) string {
 	return "backlog --schema " + schema + " migrate up"
 }
 
-// Job returns a job's record, or ErrNotFound.
+// Job returns a job's record, or ErrNotFound. With WithReadPool it reads
+// the read pool: a job just enqueued may not be there yet.
 func (q *Queue) Job(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
-	r, err := q.store.Get(ctx, q.pool, id)
+	return q.jobFrom(ctx, q.reads, q.readPool, id)
+}
+
+// jobFrom reads a job through st on db: the read pool's for Job, the
+// primary's for Wait.
+func (q *Queue) jobFrom(ctx context.Context, st *store.Store, db store.DB, id uuid.UUID) (*JobInfo, error) {
+	r, err := st.Get(ctx, db, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}

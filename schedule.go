@@ -242,7 +242,7 @@ func (q *Queue) Schedules(ctx context.Context) ([]ScheduleInfo, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
-	rows, now, err := q.store.Schedules(ctx)
+	rows, now, err := q.reads.Schedules(ctx)
 	if err != nil {
 		return nil, q.readErr(ctx, fmt.Errorf("listing schedules: %w", err))
 	}

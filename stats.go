@@ -43,7 +43,9 @@ const StatsWindow = 24 * time.Hour
 // job, running jobs per worker, the paused types and the oldest open
 // transaction. It reads the live table (only live jobs are there) and
 // per-minute counters, never the finished jobs, so its cost does not grow
-// with the history kept.
+// with the history kept. With WithReadPool the counts come from the read
+// pool (as old as its replay lag); the oldest open transaction is asked of
+// the primary, where transactions hold back the cleanup.
 func (q *Queue) Stats(ctx context.Context) (*Stats, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
@@ -51,20 +53,20 @@ func (q *Queue) Stats(ctx context.Context) (*Stats, error) {
 	fail := func(what string, err error) (*Stats, error) {
 		return nil, q.readErr(ctx, fmt.Errorf("reading stats (%s): %w", what, err))
 	}
-	live, oldest, err := q.store.LiveCounts(ctx)
+	live, oldest, err := q.reads.LiveCounts(ctx)
 	if err != nil {
 		return fail("live jobs", err)
 	}
-	now, err := q.store.Now(ctx)
+	now, err := q.reads.Now(ctx)
 	if err != nil {
 		return fail("clock", err)
 	}
-	finished, err := q.store.FinishedCounts(ctx, now.Add(-StatsWindow))
+	finished, err := q.reads.FinishedCounts(ctx, now.Add(-StatsWindow))
 	if err != nil {
 		return fail("finished jobs", err)
 	}
 	st := buildStats(live, finished, oldest)
-	paused, err := q.store.PausedTypes(ctx)
+	paused, err := q.reads.PausedTypes(ctx)
 	if err != nil {
 		return fail("paused types", err)
 	}
@@ -131,7 +133,7 @@ func (q *Queue) Throughput(ctx context.Context, since time.Time, bucket time.Dur
 	if bucket < time.Minute || bucket%time.Minute != 0 {
 		return nil, invalid("bucket", "must be a whole number of minutes, got %s", bucket)
 	}
-	points, err := q.store.Series(ctx, since, bucket)
+	points, err := q.reads.Series(ctx, since, bucket)
 	if err != nil {
 		return nil, q.readErr(ctx, fmt.Errorf("reading throughput: %w", err))
 	}

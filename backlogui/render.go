@@ -84,11 +84,12 @@ type view struct {
 	Now       time.Time
 	Status    int
 	Data      any
+	Replica   *replicaView // where the data comes from, with a read pool; nil without
 }
 
 func (h *handler) newView(w http.ResponseWriter, r *http.Request, page, title string, data any) *view {
 	v := &view{Title: title, Page: page, Base: h.cfg.base, Schema: h.q.Schema(), ReadOnly: h.cfg.readOnly, RefreshMS: h.cfg.poll.Milliseconds(),
-		Now: time.Now(), Data: data, Status: http.StatusOK}
+		Now: time.Now(), Data: data, Status: http.StatusOK, Replica: h.replicaOf(r.Context())}
 	for _, l := range []struct{ page, href, label string }{{"overview", "/", "Overview"}, {"jobs", "/jobs", "Jobs"},
 		{"types", "/types", "Types"}, {"schedules", "/schedules", "Schedules"}, {"processes", "/processes", "Processes"}} {
 		v.Nav = append(v.Nav, navLink{Href: h.cfg.base + l.href, Label: l.label, Current: l.page == page || page == "job" && l.page == "jobs"})

@@ -22,11 +22,15 @@ import (
 // connectTimeout bounds connecting when the URL sets no connect_timeout.
 const connectTimeout = 10 * time.Second
 
-// conn is the invocation's pool and Queue.
+// conn is the invocation's pools and Queues.
 type conn struct {
 	pool *pgxpool.Pool
 	q    *backlog.Queue
 	addr string // host:port, for messages
+	// The read commands' Queue: with --read-url, one whose reads go to
+	// readPool (backlog.WithReadPool); else q.
+	readPool *pgxpool.Pool
+	rq       *backlog.Queue
 }
 
 // url returns the connection string: --database-url, else $DATABASE_URL.
@@ -41,6 +45,32 @@ func (a *app) url() (string, error) {
 	return u, nil
 }
 
+// readURL returns the read pool's connection string: --read-url, else
+// $BACKLOG_READ_URL; "" for none.
+func (a *app) readURL() string {
+	if a.readURLFlag != "" {
+		return a.readURLFlag
+	}
+	return os.Getenv("BACKLOG_READ_URL")
+}
+
+// poolConfig parses a connection string for one of the CLI's small pools.
+func (a *app) poolConfig(flag, u string) (*pgxpool.Config, string, error) {
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		return nil, "", usagef("bad %s: %s", flag, a.redact(err.Error()))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	cfg.MaxConns = 4
+	addr := net.JoinHostPort(cfg.ConnConfig.Host, fmt.Sprint(cfg.ConnConfig.Port))
+	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
+		addr = cfg.ConnConfig.Host // a Unix socket directory
+	}
+	return cfg, addr, nil
+}
+
 // open connects (once) and returns the Queue, without checking the schema.
 func (a *app) open(ctx context.Context) (*conn, error) {
 	if a.conn != nil {
@@ -50,18 +80,11 @@ func (a *app) open(ctx context.Context) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := pgxpool.ParseConfig(u)
+	cfg, addr, err := a.poolConfig("database URL", u)
 	if err != nil {
-		return nil, usagef("bad database URL: %s", a.redact(err.Error()))
+		return nil, err
 	}
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = connectTimeout
-	}
-	cfg.MaxConns = 4
-	c := &conn{addr: net.JoinHostPort(cfg.ConnConfig.Host, fmt.Sprint(cfg.ConnConfig.Port))}
-	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
-		c.addr = cfg.ConnConfig.Host // a Unix socket directory
-	}
+	c := &conn{addr: addr}
 	if c.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("connecting to PostgreSQL at %s: %w", c.addr, err)
 	}
@@ -70,12 +93,53 @@ func (a *app) open(ctx context.Context) (*conn, error) {
 		return nil, connectErr(c.addr, err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if c.q, err = backlog.New(ctx, c.pool, backlog.WithSchema(a.schema), backlog.WithLogger(log), backlog.WithWorkerID("backlog-cli")); err != nil {
+	opts := []backlog.Option{backlog.WithSchema(a.schema), backlog.WithLogger(log), backlog.WithWorkerID("backlog-cli")}
+	if c.q, err = backlog.New(ctx, c.pool, opts...); err != nil {
 		c.pool.Close()
 		return nil, err
 	}
+	c.rq = c.q
+	if ru := a.readURL(); ru != "" {
+		if err := c.openReads(ctx, a, ru, opts); err != nil {
+			_ = c.q.Close()
+			c.pool.Close()
+			return nil, err
+		}
+	}
 	a.conn = c
 	return c, nil
+}
+
+// openReads opens the read pool (--read-url) and the read commands'
+// Queue on it.
+func (c *conn) openReads(ctx context.Context, a *app, u string, opts []backlog.Option) error {
+	cfg, addr, err := a.poolConfig("read URL (--read-url or $BACKLOG_READ_URL)", u)
+	if err != nil {
+		return err
+	}
+	if c.readPool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return fmt.Errorf("connecting to the read replica at %s: %w", addr, err)
+	}
+	if err := c.readPool.Ping(ctx); err != nil {
+		c.readPool.Close()
+		return fmt.Errorf("the read replica (--read-url): %w", connectErr(addr, err))
+	}
+	if c.rq, err = backlog.New(ctx, c.pool, append(opts, backlog.WithReadPool(c.readPool))...); err != nil {
+		c.readPool.Close()
+		return err
+	}
+	return nil
+}
+
+// readQueue is queue for the read commands (stats, list, show, paused,
+// processes, schedules, limits, ui): with --read-url its reads go to the
+// read replica. Commands that write use queue, whose reads stay on the
+// primary (a limit set, then read back, must be found).
+func (a *app) readQueue(ctx context.Context) (*backlog.Queue, error) {
+	if _, err := a.queue(ctx); err != nil {
+		return nil, err
+	}
+	return a.conn.rq, nil
 }
 
 // queue connects and returns the Queue of a migrated schema.
@@ -116,6 +180,10 @@ func (a *app) migrateHint() string {
 func (a *app) close() {
 	if a.conn == nil {
 		return
+	}
+	if a.conn.rq != a.conn.q {
+		_ = a.conn.rq.Close()
+		a.conn.readPool.Close()
 	}
 	_ = a.conn.q.Close()
 	a.conn.pool.Close()
@@ -160,13 +228,15 @@ func (a *app) redact(msg string) string {
 	if u == "" {
 		u = os.Getenv("DATABASE_URL")
 	}
-	if p, err := url.Parse(u); err == nil && p.User != nil {
-		if pw, ok := p.User.Password(); ok && pw != "" {
-			msg = strings.ReplaceAll(msg, pw, "xxxxx")
+	for _, u := range []string{u, a.readURL()} {
+		if p, err := url.Parse(u); err == nil && p.User != nil {
+			if pw, ok := p.User.Password(); ok && pw != "" {
+				msg = strings.ReplaceAll(msg, pw, "xxxxx")
+			}
 		}
-	}
-	if cfg, err := pgconn.ParseConfig(u); err == nil && cfg.Password != "" {
-		msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
+		if cfg, err := pgconn.ParseConfig(u); err == nil && cfg.Password != "" {
+			msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
+		}
 	}
 	return passwordRE.ReplaceAllString(msg, "${1}xxxxx")
 }

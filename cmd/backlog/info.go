@@ -24,7 +24,7 @@ ones over the last 24 hours; how long the oldest available job has waited,
 running jobs per worker, paused types and the oldest open transaction.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q, err := a.queue(cmd.Context())
+			q, err := a.readQueue(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -153,7 +153,7 @@ func (a *app) pausedCommand() *cobra.Command {
 		Short: "List the paused types",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q, err := a.queue(cmd.Context())
+			q, err := a.readQueue(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -187,7 +187,7 @@ func (a *app) processesCommand() *cobra.Command {
 		Short: "List the live worker processes",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q, err := a.queue(cmd.Context())
+			q, err := a.readQueue(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -246,7 +246,7 @@ func (a *app) schedulesCommand() *cobra.Command {
 		Short: "List the periodic schedules (Every, Cron) with their last and next plans",
 		Args:  args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q, err := a.queue(cmd.Context())
+			q, err := a.readQueue(cmd.Context())
 			if err != nil {
 				return err
 			}

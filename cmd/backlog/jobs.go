@@ -127,7 +127,7 @@ same flags, for the next page.`,
 			if err != nil {
 				return err
 			}
-			q, err := a.queue(cmd.Context())
+			q, err := a.readQueue(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -177,7 +177,7 @@ its state (a finished job's graph is kept as long as the jobs are).`,
 			if err != nil {
 				return err
 			}
-			q, err := a.queue(cmd.Context())
+			q, err := a.readQueue(cmd.Context())
 			if err != nil {
 				return err
 			}

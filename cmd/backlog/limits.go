@@ -109,7 +109,7 @@ BURST starts at once after a quiet spell), for the whole type or, with
 RATE PER KEY, for each key. "-" is no limit.`,
 		Args: args(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			q, err := a.queue(cmd.Context())
+			q, err := a.readQueue(cmd.Context())
 			if err != nil {
 				return err
 			}

@@ -5,7 +5,8 @@
 // dashboard (backlogui).
 //
 // It connects to $DATABASE_URL (or --database-url) and works on one schema
-// (--schema, default "backlog"). Output is an aligned table by default and
+// (--schema, default "backlog"); with --read-url (or $BACKLOG_READ_URL) the
+// read commands read a hot standby instead. Output is an aligned table by default and
 // JSON with --json. Exit codes: 0 success, 1 failure, 2 bad usage (an
 // unknown flag, a bad argument, input the library rejects).
 package main
@@ -86,6 +87,7 @@ func oneLine(s string) string {
 type app struct {
 	stdout, stderr io.Writer
 	databaseURL    string
+	readURLFlag    string
 	schema         string
 	json           bool
 	ran            bool // a command's RunE started: later errors are not cobra's
@@ -100,7 +102,8 @@ func (a *app) rootCommand() *cobra.Command {
 		Long: `backlog operates a backlog job queue: migrations, jobs, types, limits, stats.
 
 It connects to $DATABASE_URL (or --database-url) and works on one schema
-(--schema). Tables by default, JSON with --json.
+(--schema); with --read-url (or $BACKLOG_READ_URL) the read commands read a
+hot standby, as stale as its replay lag. Tables by default, JSON with --json.
 
 Exit codes: 0 success, 1 failure, 2 bad usage.`,
 		SilenceUsage:  true,
@@ -113,6 +116,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage.`,
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{msg: err.Error()} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL connection string (default $DATABASE_URL)")
+	pf.StringVar(&a.readURLFlag, "read-url", "", "a hot standby's connection string for the read commands (stats, list, show, paused, processes, schedules, limits, ui); writes stay on --database-url (default $BACKLOG_READ_URL, else none)")
 	pf.StringVar(&a.schema, "schema", backlog.DefaultSchema, "the queue's PostgreSQL schema")
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of tables")
 

@@ -52,7 +52,7 @@ get 421 Misdirected Request. --allowed-host adds names, e.g. a proxy's.`,
 			if base != "" && !strings.HasPrefix(base, "/") {
 				return usagef("--base-path %q: want a path starting with /, e.g. /admin/queue", basePath)
 			}
-			q, err := a.queue(cmd.Context())
+			q, err := a.readQueue(cmd.Context())
 			if err != nil {
 				return err
 			}

@@ -84,6 +84,36 @@ func Start(t testing.TB, fail bool, opts Options) *Cluster {
 	return c
 }
 
+// Standby makes a streaming hot standby of c, a cluster of its own (in
+// its own temporary directory, on its own port, removed when the test
+// ends): pg_basebackup -R copies c's data and writes the standby's
+// primary_conninfo (c's loopback port) and standby.signal; the standby
+// then starts with c's options and replays c's WAL as it streams in. c
+// must be running. Stop, Crash and Start apply to the standby alone.
+func (c *Cluster) Standby() (*Cluster, error) {
+	s := &Cluster{t: c.t, bin: c.bin, runAs: c.runAs, options: c.options}
+	var err error
+	if s.dir, err = os.MkdirTemp("", "backlog-pgstandby-"); err != nil {
+		return nil, err
+	}
+	c.t.Cleanup(s.remove)
+	if err := s.chown(s.dir); err != nil {
+		return nil, err
+	}
+	out, err := s.cmd("pg_basebackup", "-D", s.data(), "-h", "127.0.0.1", "-p", strconv.Itoa(c.port), "-U", "postgres",
+		"-R", "-X", "stream", "--checkpoint=fast", "--no-sync").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("pg_basebackup: %v\n%s", err, out)
+	}
+	if s.port, err = freePort(); err != nil {
+		return nil, err
+	}
+	if err := s.Start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 // URL is the cluster's connection string (database postgres, user
 // postgres).
 func (c *Cluster) URL() string {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/backlogq/backlog/bench/internal/pgcpu"
 )
 
 // benchEnv is the database the phases run in and what is known about it.
@@ -62,7 +64,7 @@ func openEnv(ctx context.Context, cfg *config, url string) (*benchEnv, error) {
 	env.pgss = probePGSS(ctx, conn, env.ownDB)
 	var pid int
 	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err == nil {
-		env.local = isPostgresProcess(pid)
+		env.local = pgcpu.Visible(pid)
 	}
 	return env, nil
 }
@@ -152,10 +154,4 @@ func (e *benchEnv) close(ctx context.Context) {
 	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{e.dbName}.Sanitize()+" WITH (FORCE)"); err != nil {
 		logf("warning: could not drop database %s: %v", e.dbName, err)
 	}
-}
-
-// isPostgresProcess reports whether pid is visible here and is PostgreSQL.
-func isPostgresProcess(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && strings.Contains(string(b), "postgres")
 }

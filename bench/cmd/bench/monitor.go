@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/backlogq/backlog/bench/internal/pgcpu"
 )
 
 // monitor is the harness's own connection to the benchmark database. It
@@ -94,14 +96,9 @@ func (m *monitor) walBytes(ctx context.Context) (int64, error) {
 }
 
 // serverPids returns the server processes working for the benchmark
-// database (its backends and autovacuum workers) and the shared background
-// processes, without the monitor's own backend.
+// database (its backends and autovacuum workers), the shared background
+// processes and the postmaster, without the monitor's own backend.
 func (m *monitor) serverPids(ctx context.Context) ([]int, error) {
 	m.stmts++
-	rows, err := m.conn.Query(ctx, `SELECT pid FROM pg_stat_activity
-		WHERE pid <> pg_backend_pid() AND (datname = current_database() OR datname IS NULL)`)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[int])
+	return pgcpu.ServerPids(ctx, m.conn)
 }

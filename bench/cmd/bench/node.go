@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/backlogq/backlog/bench/internal/pgcpu"
 )
 
 // graphileDir holds the Node program that runs graphile-worker (worker.js,
@@ -221,7 +223,7 @@ func (c *nodeChild) call(ctx context.Context, command string) (string, error) {
 func (c *nodeChild) cpu() time.Duration {
 	c.cpuMu.Lock()
 	defer c.cpuMu.Unlock()
-	if d, ok := statCPU(c.cmd.Process.Pid); ok {
+	if d, ok := pgcpu.StatCPU(c.cmd.Process.Pid); ok {
 		c.lastCPU = d
 	}
 	return c.lastCPU
