@@ -13,7 +13,7 @@ import (
 // here ever scans job_history.
 
 type countsSQL struct {
-	live, finished, series, rollup, trim, latency string
+	live, finished, series, rollup, fold, trim, latency string
 }
 
 // countedState is a counter row's state as readers count it: a job
@@ -72,6 +72,23 @@ SELECT count(*) FROM m`
 	UNION ALL
 	SELECT type, wait_hist, run_hist FROM ` + minutes + ` WHERE bucket >= $1
 ) c GROUP BY type ORDER BY type`
+	// The shards of each closed minute (finished a minute ago: only the
+	// retirer, rarely, still counts into it) folded into shard 0, so that
+	// readers of the last hours (the percentiles above all) read one row
+	// per minute, type and state rather than one per writer.
+	c.fold = `WITH m AS (
+	DELETE FROM ` + minutes + ` WHERE shard <> 0 AND bucket < date_trunc('minute', now()) - interval '1 minute'
+	RETURNING bucket, type, state, n, wait_ms, run_ms, wait_hist, run_hist
+), f AS (
+	INSERT INTO ` + minutes + ` AS c (bucket, type, state, shard, n, wait_ms, run_ms, wait_hist, run_hist)
+	SELECT bucket, type, state, 0, sum(n), sum(wait_ms), sum(run_ms), ` + hsum + `(wait_hist), ` + hsum + `(run_hist)
+	FROM m GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+	ON CONFLICT (bucket, type, state, shard) DO UPDATE
+	SET n = c.n + EXCLUDED.n, wait_ms = c.wait_ms + EXCLUDED.wait_ms, run_ms = c.run_ms + EXCLUDED.run_ms,
+	    wait_hist = ` + hadd + `(c.wait_hist, EXCLUDED.wait_hist), run_hist = ` + hadd + `(c.run_hist, EXCLUDED.run_hist)
+	RETURNING 1
+)
+SELECT count(*) FROM m`
 	c.trim = `DELETE FROM ` + hours + ` WHERE bucket < now() - $1::bigint * interval '1 millisecond'`
 }
 
@@ -136,10 +153,14 @@ func (s *Store) Series(ctx context.Context, since time.Time, bucket time.Duratio
 	return out, err
 }
 
-// RollUpCounts folds minute counters older than two whole hours into hour
-// counters and deletes hour counters older than keep. It returns how many
-// minute rows it folded.
+// RollUpCounts folds the shards of each closed minute into one row,
+// minute counters older than two whole hours into hour counters, and
+// deletes hour counters older than keep. It returns how many minute rows
+// it folded into hours.
 func (s *Store) RollUpCounts(ctx context.Context, keep time.Duration) (int, error) {
+	if _, err := s.pool.Exec(ctx, s.counts.fold, Mode); err != nil {
+		return 0, err
+	}
 	var n int
 	if err := s.pool.QueryRow(ctx, s.counts.rollup, Mode).Scan(&n); err != nil {
 		return 0, err
