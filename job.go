@@ -233,11 +233,52 @@ func (j *Job) SetProgress(ctx context.Context, v any) error {
 	return j.att.setProgress(b)
 }
 
-// AttemptError is one failed attempt in a job's error history.
+// AttemptError is one attempt that did not succeed, in a job's error
+// history. Worker, StartedAt, Duration and Outcome are recorded since
+// schema version 23 (zero in entries written before). A successful
+// attempt has no entry: it is the job's last, and its figures are the
+// job's own (JobInfo.Worker, StartedAt, FinishedAt).
 type AttemptError struct {
 	Attempt int       `json:"attempt"`
-	At      time.Time `json:"at"`
+	At      time.Time `json:"at"` // when the attempt ended
 	Error   string    `json:"error"`
+	// Worker is the worker ID that ran the attempt.
+	Worker string `json:"worker,omitempty"`
+	// StartedAt is when the attempt started (nil when not recorded).
+	StartedAt *time.Time `json:"started_at,omitempty"`
+	// Duration is how long the attempt ran, to the millisecond.
+	Duration time.Duration `json:"-"`
+	// Outcome names how the attempt ended: "error" (the handler returned
+	// one), "timeout" (the job's timeout passed), "panic", "lease lost"
+	// (the worker could not renew its lease), "lease expired" (the worker
+	// stopped renewing it: crashed or cut off; found by the sweep) or
+	// "cancelled".
+	Outcome string `json:"outcome,omitempty"`
+}
+
+// attemptErrorJSON is AttemptError as stored: Duration in milliseconds.
+type attemptErrorJSON struct {
+	attemptErrorFields
+	MS int64 `json:"ms,omitempty"`
+}
+
+type attemptErrorFields AttemptError
+
+// UnmarshalJSON decodes an entry as the database stores it (the run time
+// in milliseconds, "ms").
+func (e *AttemptError) UnmarshalJSON(b []byte) error {
+	var v attemptErrorJSON
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*e = AttemptError(v.attemptErrorFields)
+	e.Duration = time.Duration(v.MS) * time.Millisecond
+	return nil
+}
+
+// MarshalJSON encodes an entry as the database stores it.
+func (e AttemptError) MarshalJSON() ([]byte, error) {
+	return json.Marshal(attemptErrorJSON{attemptErrorFields: attemptErrorFields(e), MS: e.Duration.Milliseconds()})
 }
 
 // JobInfo is a job's full record, as Queue.Job returns it.

@@ -133,6 +133,14 @@ func (q *Queue) Limits(ctx context.Context) ([]TypeLimit, error) {
 	return out, nil
 }
 
+// Validate reports whether SetLimit accepts l, and for any type: nil, or
+// an *InputError (matching ErrInvalid) naming the field, as SetLimit
+// returns it. It writes nothing.
+func (l Limit) Validate() error {
+	_, err := validateLimit(l)
+	return err
+}
+
 // validateLimit checks l and fills in Burst's default.
 func validateLimit(l Limit) (Limit, error) {
 	for _, f := range []struct {

@@ -361,22 +361,30 @@ func (w *workCall) outcome(c *claimed, job *Job, err, cause, fail error) store.F
 	case errors.As(err, &snooze):
 		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), snooze.d, store.GiveAttemptBack
 	case IsPermanent(err):
-		f.State, f.Err = string(StateFailed), store.ErrorText(err)
+		f.State, f.Err = string(StateFailed), store.ErrorText(withCause(err, cause, job))
 	case job.Attempt >= job.MaxAttempts:
-		f.State, f.Err = string(StateFailed), store.ErrorText(err)
+		f.State, f.Err = string(StateFailed), store.ErrorText(withCause(err, cause, job))
 	default:
-		if errors.Is(cause, ErrJobTimeout) && !errors.Is(err, ErrJobTimeout) {
-			err = fmt.Errorf("%w after %s: %w", ErrJobTimeout, job.Timeout, err)
-		}
-		if errors.Is(cause, ErrLeaseLost) && !errors.Is(err, ErrLeaseLost) {
-			err = fmt.Errorf("%w: %w", ErrLeaseLost, err)
-		}
-		f.State, f.Err, f.Delay = string(StateAvailable), store.ErrorText(err), w.backoff(job.Type).Delay(job.Attempt)
+		f.State, f.Err, f.Delay = string(StateAvailable), store.ErrorText(withCause(err, cause, job)), w.backoff(job.Type).Delay(job.Attempt)
 	}
 	if f.Err == nil && err != nil && f.State == string(StateFailed) {
 		f.Err = store.ErrorText(err)
 	}
 	return f
+}
+
+// withCause prefixes err with why the handler's context ended, when it
+// was the job's timeout or a lost lease and err does not say so: the
+// error text (and the outcome finish() reads from it: "timeout", "lease
+// lost") names the cause.
+func withCause(err, cause error, job *Job) error {
+	if errors.Is(cause, ErrJobTimeout) && !errors.Is(err, ErrJobTimeout) {
+		err = fmt.Errorf("%w after %s: %w", ErrJobTimeout, job.Timeout, err)
+	}
+	if errors.Is(cause, ErrLeaseLost) && !errors.Is(err, ErrLeaseLost) {
+		err = fmt.Errorf("%w: %w", ErrLeaseLost, err)
+	}
+	return err
 }
 
 func (w *workCall) backoff(typ string) Backoff {

@@ -1,7 +1,8 @@
 // Package backlogui is backlog's web dashboard: an http.Handler that shows
 // the queue (counts, throughput, jobs, their graph, types, schedules and
-// worker processes) and lets an operator retry, cancel and delete jobs and
-// pause types. It is built only on the operator API of *backlog.Queue.
+// worker processes) and lets an operator retry, cancel and delete jobs,
+// pause types and set their limits. It is built only on the operator API
+// of *backlog.Queue. docs/dashboard.md is its guide.
 //
 // Mount it under any prefix of your own mux, behind your own
 // authentication, and name the host it is reached by:
@@ -28,6 +29,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/backlogq/backlog"
@@ -43,6 +45,10 @@ const (
 	ActionDeleteAll = "delete-all" // delete every job matching a filter
 	ActionPause     = "pause"      // pause a job type
 	ActionResume    = "resume"     // resume a job type
+	// ActionSetLimit sets a job type's limits (concurrency, key
+	// concurrency, rate), ActionRemoveLimit removes them.
+	ActionSetLimit    = "set-limit"
+	ActionRemoveLimit = "remove-limit"
 )
 
 // Option configures NewHandler.
@@ -141,6 +147,12 @@ type handler struct {
 
 	hosts   []hostRule // WithAllowedHosts, beyond loopback and the local address
 	anyHost bool       // WithAllowedHosts("*")
+
+	lat struct { // the types page's percentiles, reused for latencyTTL
+		mu        sync.Mutex
+		at        time.Time
+		hour, day []backlog.Latency
+	}
 }
 
 // NewHandler returns the dashboard for q.
@@ -186,6 +198,8 @@ func NewHandler(q *backlog.Queue, opts ...Option) http.Handler {
 	h.mux.HandleFunc("POST /jobs/action", h.action(h.jobsAction))
 	h.mux.HandleFunc("POST /jobs/bulk", h.action(h.bulkAction))
 	h.mux.HandleFunc("POST /types/action", h.action(h.typeAction))
+	h.mux.HandleFunc("GET /types/limits", h.limitsForm)
+	h.mux.HandleFunc("POST /types/limits", h.action(h.limitsAction))
 	h.mux.HandleFunc("/", h.notFound)
 	return h
 }

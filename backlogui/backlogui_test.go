@@ -225,15 +225,26 @@ func TestPagesRender(t *testing.T) {
 	running := u.page("/jobs/" + u.jobs.Running[0].String())
 	require.Contains(t, running, "Lease holder")
 	require.Contains(t, running, "ui-test-worker")
+	require.Regexp(t, `<tr class="att-now" data-attempt="1" data-outcome="running">(.|\n)*?ui-test-worker`, running)
 	failed := u.page("/jobs/" + u.jobs.Failed[0].String())
 	require.Contains(t, failed, "at billing.Charge")
 	require.Contains(t, failed, `&#34;amount_cents&#34;: 4999`)
 	require.Contains(t, u.page("/jobs/"+u.jobs.Completed[0].String()), `&#34;pixels&#34;: 1024`)
-	require.Contains(t, u.page("/jobs/"+u.jobs.Completed[0].String()), `<pre class="json" id="progress">`)
-	require.Contains(t, u.page("/jobs?state=completed"), `{&#34;of&#34;: 16, &#34;tiles&#34;: 16}`)
+	// Progress is read, not shown as JSON: a bar and its counts.
+	done := u.page("/jobs/" + u.jobs.Completed[0].String())
+	require.Contains(t, done, `<div class="progress" id="progress"><progress max="100" value="100">100%</progress> <span class="pct">100%</span> <span class="muted">(16 of 16 tiles)</span>`)
+	// The attempts: the successful one from the job's own record.
+	require.Regexp(t, `<tr class="att-ok" data-attempt="1" data-outcome="completed">\s*<td class="n">1</td>\s*<td><span class="outcome">completed</span></td>\s*<td class="mono">ui-test-worker</td>\s*<td><time datetime="[^"]+"[^>]*>[^<]+</time></td>\s*<td class="n">\d+(\.\d+)?m?s</td>`, done)
+	require.Regexp(t, `<tr class="att-bad" data-attempt="1" data-outcome="error">(.|\n)*?ui-test-worker(.|\n)*?card declined`, failed)
+	list := u.page("/jobs?state=completed")
+	require.Contains(t, list, `<span class="prog" title="Progress"><progress max="100" value="100">100%</progress> <span class="pct">100%</span> <span class="muted">(16 of 16 tiles)</span></span>`)
+	require.NotContains(t, list, `&#34;tiles&#34;`)
+	// The args column: compact, cut, escaped.
+	require.Contains(t, list, `<th scope="col">Args</th>`)
+	require.Contains(t, list, `{&#34;size&#34;:[640,480],&#34;image&#34;:&#34;photos/0.jpg&#34;}`)
 	// A running job's progress shows once a lease renewal wrote it.
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(u.page("/jobs/"+u.jobs.Running[0].String()), `&#34;frames&#34;: 1200`) {
+	for !strings.Contains(u.page("/jobs/"+u.jobs.Running[0].String()), `<span class="pct">25%</span> <span class="muted">(1,200 of 4,800 frames)</span>`) {
 		require.False(t, time.Now().After(deadline), "the running job's progress is not shown after 10s")
 		<-time.After(20 * time.Millisecond)
 	}
@@ -247,6 +258,11 @@ func TestPagesRender(t *testing.T) {
 	types := u.page("/types")
 	require.Contains(t, types, `<tr data-type="`+seed.TypePausable+`">`)
 	require.Regexp(t, `newsletter.send(.|\n)*?value="resume"`, types)
+	// Wait and run time percentiles of the completed type, over the last
+	// hour and day; none for a type whose jobs never finished.
+	require.Regexp(t, `<tr data-type="`+seed.TypeOK+`">(.|\n)*?<td class="n lat" data-lat="run"><span class="pct-line" data-range="1h"><span class="muted">1h</span> \d[^ ]*s · \d[^ ]*s</span><br><span class="pct-line" data-range="24h"><span class="muted">24h</span> \d[^ ]*s · \d[^ ]*s</span>`, types)
+	require.Regexp(t, `<tr data-type="`+seed.TypeEmail+`">(.|\n)*?<td class="n lat" data-lat="wait"><span class="pct-line" data-range="1h"><span class="muted">1h</span> —</span>`, types)
+	require.Contains(t, types, `href="/types/limits?type=`+seed.TypeOK+`"`)
 	require.Contains(t, u.page("/schedules"), seed.Schedule)
 	procs := u.page("/processes")
 	require.Contains(t, procs, "ui-test-worker")

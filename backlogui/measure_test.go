@@ -20,8 +20,9 @@ import (
 
 // TestMeasurePages measures each page's server time (the handler alone,
 // median of 11) with 1,000,000 finished jobs in the history (10 types,
-// one in 100 failed, over a week) and 10,000 live ones, plus the seed's
-// jobs. Only with BACKLOG_MEASURE=1 (make measure); BACKLOG_MEASURE_ROWS
+// one in 100 failed, over a week; their counters with wait and run time
+// histograms, the minutes over 4 shards) and 10,000 live ones, plus the
+// seed's jobs. Only with BACKLOG_MEASURE=1 (make measure); BACKLOG_MEASURE_ROWS
 // changes the 1,000,000.
 func TestMeasurePages(t *testing.T) {
 	if os.Getenv("BACKLOG_MEASURE") == "" {
@@ -53,19 +54,33 @@ func TestMeasurePages(t *testing.T) {
 		LATERAL (SELECT now() - (($2::bigint - g * $2::bigint / $1::bigint) || ' milliseconds')::interval AS f) t,
 		LATERAL (SELECT lpad(to_hex((extract(epoch FROM f) * 1000)::bigint), 12, '0') AS h, md5(g::text) AS r) x`, rows, span)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.job_counts_hourly (bucket, type, state, n, wait_ms, run_ms)
-		SELECT date_trunc('hour', finished_at), type, state, count(*), 0, 0 FROM `+s+`.job_history
+	// The counters, with wait and run time histograms of made-up
+	// latencies (0 to 65 s, spread by the job's ID; up to 64 slots), and
+	// the minutes spread over 4 shards, as 4 finishing processes write
+	// them.
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.job_counts_hourly (bucket, type, state, n, wait_ms, run_ms, wait_hist, run_hist)
+		SELECT date_trunc('hour', finished_at), type, state, count(*), 0, 0,
+		       `+s+`.latency_hist(array_agg((hashtext(id::text) & 65535)::float8)),
+		       `+s+`.latency_hist(array_agg((hashtext(id::text) >> 16 & 4095)::float8))
+		FROM `+s+`.job_history
 		WHERE finished_at < date_trunc('hour', now()) - interval '1 hour' GROUP BY 1, 2, 3`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.job_counts (bucket, type, state, shard, n, wait_ms, run_ms)
-		SELECT date_trunc('minute', finished_at), type, state, 0, count(*), 0, 0 FROM `+s+`.job_history
-		WHERE finished_at >= date_trunc('hour', now()) - interval '1 hour' GROUP BY 1, 2, 3`)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.job_counts (bucket, type, state, shard, n, wait_ms, run_ms, wait_hist, run_hist)
+		SELECT date_trunc('minute', finished_at), type, state, hashtext(id::text) & 3, count(*), 0, 0,
+		       `+s+`.latency_hist(array_agg((hashtext(id::text) & 65535)::float8)),
+		       `+s+`.latency_hist(array_agg((hashtext(id::text) >> 16 & 4095)::float8))
+		FROM `+s+`.job_history
+		WHERE finished_at >= date_trunc('hour', now()) - interval '1 hour' GROUP BY 1, 2, 3, 4`)
 	require.NoError(t, err)
 	// 10,000 live jobs: available, of the same 10 types.
 	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.jobs (id, type, args, state, run_at)
 		SELECT (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0') || '7' || substr(md5(g::text), 1, 3) || '8' || substr(md5(g::text), 4, 15))::uuid,
 		       'type.' || (g % 10), '{"n":2}', 'available', now() - interval '1 minute'
 		FROM generate_series(1, 10000) g`)
+	require.NoError(t, err)
+	// What the cleaner does within a minute: the shards of closed minutes
+	// folded into one row.
+	_, err = q.Clean(ctx)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `SELECT `+s+`.summarize_history()`)
 	require.NoError(t, err)
@@ -111,4 +126,18 @@ func TestMeasurePages(t *testing.T) {
 	}
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	t.Logf("overview live refresh: median %s (Stats: 5 statements, Throughput: 1)", ds[len(ds)/2].Round(100*time.Microsecond))
+	// The types page reuses its percentiles for 10 s: what reading them
+	// costs when it does.
+	for _, w := range []time.Duration{time.Hour, 24 * time.Hour} {
+		ds = ds[:0]
+		for range 11 {
+			s := time.Now()
+			_, err := q.Latency(ctx, time.Now().Add(-w))
+			require.NoError(t, err)
+			ds = append(ds, time.Since(s))
+		}
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		t.Logf("Latency over the last %s (the types page's percentiles, read at most every 10 s): median %s  max %s", w,
+			ds[len(ds)/2].Round(100*time.Microsecond), ds[len(ds)-1].Round(100*time.Microsecond))
+	}
 }

@@ -31,6 +31,9 @@ type typeRow struct {
 	Paused                                 bool
 	PausedAt                               time.Time
 	Limit                                  *backlog.Limit // flow control (types page only); nil: none
+	// Percentiles of wait and run time over the last hour and day (types
+	// page only); nil: no finished job counted.
+	Hour, Day *backlog.Latency
 }
 
 type overviewData struct {
@@ -280,6 +283,8 @@ func (h *handler) count(ctx context.Context, f backlog.Filter) (n int, atLeast b
 
 type jobData struct {
 	Job                            *backlog.JobInfo
+	Attempts                       []attemptRow
+	Progress                       *progressView
 	Graph                          *backlog.JobGraph
 	Draw                           *graphDrawing
 	Chain                          []chainNode
@@ -309,7 +314,8 @@ func (h *handler) job(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	d := &jobData{Job: info, Graph: g, Draw: drawGraph(info, g, h.cfg.base), Back: "/jobs/" + id.String()}
+	d := &jobData{Job: info, Graph: g, Draw: drawGraph(info, g, h.cfg.base), Back: "/jobs/" + id.String(),
+		Attempts: attemptRows(info, time.Now()), Progress: progressOf(info.Progress)}
 	for _, n := range g.Chain {
 		d.Chain = append(d.Chain, chainNode{GraphNode: n, Self: n.ID == id})
 	}
@@ -374,6 +380,11 @@ func (h *handler) types(w http.ResponseWriter, r *http.Request) {
 			st.ByType[l.Type] = map[backlog.State]int64{}
 		}
 	}
+	lhour, lday, err := h.latencies(ctx)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	rows := typeRows(st, hour, paused)
 	for i := range rows {
 		for _, l := range limits {
@@ -381,8 +392,44 @@ func (h *handler) types(w http.ResponseWriter, r *http.Request) {
 				rows[i].Limit = &l.Limit
 			}
 		}
+		rows[i].Hour, rows[i].Day = latencyOf(lhour, rows[i].Type), latencyOf(lday, rows[i].Type)
 	}
 	h.render(w, r, h.newView(w, r, "types", "Types", &typesData{Types: rows}))
+}
+
+// latencyTTL is how long the types page reuses the percentiles it read:
+// they sum a histogram per counter row (a few thousand rows for a day of
+// ten types), and move little in seconds, while the page refreshes every
+// two.
+const latencyTTL = 10 * time.Second
+
+// latencies returns the percentiles of the last hour and day, read at
+// most once per latencyTTL.
+func (h *handler) latencies(ctx context.Context) (hour, day []backlog.Latency, err error) {
+	h.lat.mu.Lock()
+	defer h.lat.mu.Unlock()
+	if !h.lat.at.IsZero() && time.Since(h.lat.at) < latencyTTL {
+		return h.lat.hour, h.lat.day, nil
+	}
+	now := time.Now()
+	if hour, err = h.q.Latency(ctx, now.Add(-time.Hour)); err != nil {
+		return nil, nil, err
+	}
+	if day, err = h.q.Latency(ctx, now.Add(-24*time.Hour)); err != nil {
+		return nil, nil, err
+	}
+	h.lat.at, h.lat.hour, h.lat.day = now, hour, day
+	return hour, day, nil
+}
+
+// latencyOf is typ's entry in ls (nil when none counted a job).
+func latencyOf(ls []backlog.Latency, typ string) *backlog.Latency {
+	for i := range ls {
+		if ls[i].Type == typ && (ls[i].Waited > 0 || ls[i].Ran > 0) {
+			return &ls[i]
+		}
+	}
+	return nil
 }
 
 func (h *handler) schedules(w http.ResponseWriter, r *http.Request) {

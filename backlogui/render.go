@@ -19,7 +19,7 @@ type pages struct {
 	sets map[string]*template.Template
 }
 
-var pageNames = []string{"overview", "jobs", "confirm", "job", "types", "schedules", "processes", "error"}
+var pageNames = []string{"overview", "jobs", "confirm", "job", "types", "limits", "schedules", "processes", "error"}
 
 func mustParsePages() *pages {
 	p := &pages{sets: map[string]*template.Template{}}
@@ -32,22 +32,50 @@ func mustParsePages() *pages {
 }
 
 var funcs = template.FuncMap{
-	"ago":      ago,
-	"iso":      func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
-	"abs":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
-	"dur":      fmtDur,
-	"pretty":   prettyJSON,
-	"short":    func(s fmt.Stringer) string { str := s.String(); return str[len(str)-12:] },
-	"trunc":    trunc,
-	"num":      func(n int64) string { return fmtInt(n) },
-	"terminal": func(s backlog.State) bool { return s.Terminal() },
-	"deref":    func(t *time.Time) time.Time { return *t },
-	"add":      func(a, b int) int { return a + b },
-	"u":        func(parts ...string) string { return strings.Join(parts, "") },
-	"qesc":     url.QueryEscape,
-	"since2":   func(a, b time.Time) time.Duration { return b.Sub(a) },
-	"args":     func(v *view, action, label string) btnArgs { return btnArgs{V: v, Action: action, Label: label} },
-	"rate":     rateText,
+	"ago":       ago,
+	"iso":       func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+	"abs":       func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
+	"dur":       fmtDur,
+	"pretty":    prettyJSON,
+	"short":     func(s fmt.Stringer) string { str := s.String(); return str[len(str)-12:] },
+	"trunc":     trunc,
+	"num":       func(n int64) string { return fmtInt(n) },
+	"terminal":  func(s backlog.State) bool { return s.Terminal() },
+	"deref":     func(t *time.Time) time.Time { return *t },
+	"add":       func(a, b int) int { return a + b },
+	"u":         func(parts ...string) string { return strings.Join(parts, "") },
+	"qesc":      url.QueryEscape,
+	"since2":    func(a, b time.Time) time.Duration { return b.Sub(a) },
+	"args":      func(v *view, action, label string) btnArgs { return btnArgs{V: v, Action: action, Label: label} },
+	"rate":      rateText,
+	"progress":  progressOf,
+	"argstext":  argsText,
+	"lat":       fmtLatency,
+	"limittext": limitText,
+	"pctArgs":   pctArgs,
+}
+
+// pcts is one cell of the types page: the p50 and p95 of a wait or run
+// time over the last hour and day, printed ("" pairs: none counted).
+type pcts struct{ Hour, Day *pctPair }
+
+type pctPair struct{ P50, P95 string }
+
+func pctArgs(hour, day *backlog.Latency, which string) pcts {
+	pair := func(l *backlog.Latency) *pctPair {
+		if l == nil {
+			return nil
+		}
+		p, n := l.Run, l.Ran
+		if which == "wait" {
+			p, n = l.Wait, l.Waited
+		}
+		if n == 0 {
+			return nil
+		}
+		return &pctPair{P50: fmtLatency(p.P50), P95: fmtLatency(p.P95)}
+	}
+	return pcts{Hour: pair(hour), Day: pair(day)}
 }
 
 // rateText prints a rate as the CLI's --rate takes it: 100/1s, 5/1m,

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -312,6 +313,22 @@ func (e *env) docShot(name string, full bool) {
 	must(e.t, os.WriteFile(filepath.Join(dir, name), e.screenshot(full), 0o644))
 }
 
+// expectConsole takes out of the browser's console record the one entry
+// that contains s, which a scenario caused on purpose (a refused form
+// answered 400); it fails when there is none.
+func (e *env) expectConsole(s string) {
+	e.t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, c := range e.console {
+		if strings.Contains(c, s) {
+			e.console = slices.Delete(e.console, i, i+1)
+			return
+		}
+	}
+	e.t.Errorf("the browser did not report %q (reported: %q)", s, e.console)
+}
+
 func (e *env) noConsoleErrors() {
 	e.t.Helper()
 	e.mu.Lock()
@@ -328,6 +345,10 @@ func TestDashboard(t *testing.T) {
 	t.Run("retry a failed job", e.retryFailed)
 	t.Run("job detail with dependency graph", e.jobGraph)
 	t.Run("pause a type", e.pauseType)
+	t.Run("attempts on the job page", e.attempts)
+	t.Run("args column and readable progress", e.argsAndProgress)
+	t.Run("wait and run time percentiles per type", e.percentiles)
+	t.Run("edit a type's limits, with a confirmation", e.editLimits)
 	t.Run("XSS payloads render as text", e.xss)
 	t.Run("a foreign host is refused (DNS rebinding)", e.rebinding)
 	t.Run("keyboard navigation", e.keyboard)
@@ -563,7 +584,8 @@ func (e *env) screenshots(t *testing.T) {
 	pages := []struct{ name, path string }{{"overview", "/"}, {"overview-day", "/?range=day"}, {"jobs", "/jobs"},
 		{"jobs-failed", "/jobs?state=failed"}, {"job-failed", "/jobs/" + e.jobs.Failed[1].String()},
 		{"job-running", "/jobs/" + e.jobs.Running[0].String()}, {"job-chain", "/jobs/" + e.jobs.Chain[1].String()},
-		{"confirm", "/jobs/confirm?action=retry&state=failed"}, {"types", "/types"}, {"schedules", "/schedules"},
+		{"confirm", "/jobs/confirm?action=retry&state=failed"}, {"types", "/types"},
+		{"limits", "/types/limits?type=" + url.QueryEscape(seed.TypeOK)}, {"schedules", "/schedules"},
 		{"processes", "/processes"}, {"not-found", notFoundPath}}
 	for _, p := range pages {
 		e.open(p.path)
@@ -615,5 +637,146 @@ func (e *env) keyboard(t *testing.T) {
 	e.run(chromedp.KeyEvent(kb.Enter), chromedp.WaitVisible(chromedp.CSS(`section[aria-labelledby="att-h"]`)))
 	if loc := eval[string](e, `location.pathname`); loc != href {
 		t.Errorf("Enter on the link opened %q, not %q", loc, href)
+	}
+}
+
+// attempts: the job page lists each attempt with its worker, start,
+// duration and outcome: a failed one from the error history, a
+// completed one from the job's record, a running one as it runs.
+func (e *env) attempts(t *testing.T) {
+	row := func(outcome string) string { return `#attempts tr[data-outcome="` + outcome + `"]` }
+	cells := func(sel string) []string {
+		return eval[[]string](e, `Array.from(document.querySelectorAll('`+sel+` td'), td => td.textContent.trim())`)
+	}
+	e.open("/jobs/" + e.jobs.Failed[1].String())
+	e.text(row("error"))
+	c := cells(row("error"))
+	if len(c) != 6 || c[0] != "1" || c[1] != "error" || c[2] != "browser-test-worker" || c[3] == "—" || !strings.HasSuffix(c[4], "s") ||
+		!strings.Contains(c[5], "card declined") {
+		t.Errorf("the failed attempt shows %q", c)
+	}
+	e.open("/jobs/" + e.jobs.Completed[0].String())
+	e.text(row("completed"))
+	if c := cells(row("completed")); len(c) != 6 || c[1] != "completed" || c[2] != "browser-test-worker" || !strings.HasSuffix(c[4], "s") {
+		t.Errorf("the completed attempt shows %q", c)
+	}
+	e.open("/jobs/" + e.jobs.Running[0].String())
+	e.text(row("running"))
+	if c := cells(row("running")); len(c) != 6 || c[1] != "running" || c[2] != "browser-test-worker" {
+		t.Errorf("the running attempt shows %q", c)
+	}
+	e.shoot("job-attempts")
+}
+
+// argsAndProgress: the jobs list has an args column (compact JSON, cut,
+// as text) and shows progress as a bar with its counts, not as JSON.
+func (e *env) argsAndProgress(t *testing.T) {
+	e.open("/jobs?state=completed&type=" + seed.TypeOK)
+	row := `tr[data-id="` + e.jobs.Completed[0].String() + `"]`
+	if got := e.text(row + ` td.args`); got != `{"size":[640,480],"image":"photos/0.jpg"}` {
+		t.Errorf("args column %q", got)
+	}
+	if v := eval[float64](e, `document.querySelector('`+row+` .prog progress').value`); v != 100 {
+		t.Errorf("progress bar at %v, want 100", v)
+	}
+	if got := e.text(row + ` .prog`); got != "100% 100% (16 of 16 tiles)" && got != "100% (16 of 16 tiles)" {
+		t.Errorf("progress shown as %q", got)
+	}
+	e.open("/jobs/" + e.jobs.Running[0].String())
+	e.run(chromedp.WaitVisible(chromedp.Search(`//div[@id="progress"][contains(., "1,200 of 4,800 frames")]`)))
+	if got := e.text("#progress .pct"); got != "25%" {
+		t.Errorf("the running job's progress is %q", got)
+	}
+	// A hostile arg is text in the column too.
+	e.open("/jobs?state=failed&type=" + url.QueryEscape(seed.XSSType))
+	if got := e.text(`tr[data-id="` + e.jobs.XSS[0].String() + `"] td.args`); !strings.Contains(got, seed.XSSArg[2:]) {
+		t.Errorf("the hostile args show as %q", got)
+	}
+}
+
+// percentiles: the types page shows p50 and p95 of wait and run time over
+// the last hour and day for a type with finished jobs, and a dash for a
+// type with none.
+func (e *env) percentiles(t *testing.T) {
+	e.open("/types")
+	for _, which := range []string{"wait", "run"} {
+		for _, rg := range []string{"1h", "24h"} {
+			sel := `tr[data-type="` + seed.TypeOK + `"] td[data-lat="` + which + `"] .pct-line[data-range="` + rg + `"]`
+			got := e.text(sel)
+			if !regexp.MustCompile(`^` + rg + ` [0-9.]+(ms|s) · [0-9.]+(ms|s)$`).MatchString(got) {
+				t.Errorf("%s %s of %s: %q", which, rg, seed.TypeOK, got)
+			}
+		}
+	}
+	if got := e.text(`tr[data-type="` + seed.TypeLater + `"] td[data-lat="run"] .pct-line[data-range="1h"]`); got != "1h —" {
+		t.Errorf("run time of a type with no finished job: %q", got)
+	}
+}
+
+// editLimits sets a type's limits from the types page through the
+// confirmation step, sees a bad value refused with the field named and
+// nothing written, then removes them.
+func (e *env) editLimits(t *testing.T) {
+	ctx := context.Background()
+	typ := seed.TypeEmail
+	limit := func() *backlog.Limit {
+		ls, err := e.q.Limits(ctx)
+		must(t, err)
+		for _, l := range ls {
+			if l.Type == typ {
+				return &l.Limit
+			}
+		}
+		return nil
+	}
+	e.open("/types")
+	e.click(`tr[data-type="` + typ + `"] a.edit-limits`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(`#limit-review`)))
+	e.run(chromedp.SendKeys(`input[name="concurrency"]`, "4"), chromedp.SendKeys(`input[name="rate"]`, "30"))
+	e.run(chromedp.SetValue(`input[name="per"]`, "1m"))
+	e.click(`#limit-review`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(`#limit-apply`)))
+	if got := e.text("#limit-new"); got != "concurrency 4; rate 30/1m" {
+		t.Errorf("the confirmation shows %q", got)
+	}
+	if l := limit(); l != nil {
+		t.Fatalf("the review step wrote %+v", l)
+	}
+	e.shoot("limits-confirm")
+	e.click(`#limit-apply`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(`.flash-ok`)))
+	if got := e.text(".flash-ok"); !strings.Contains(got, "Set the limits of "+typ+": concurrency 4; rate 30/1m") {
+		t.Errorf("flash %q", got)
+	}
+	if got := e.text(`tr[data-type="` + typ + `"] td.limits`); !strings.Contains(got, "concurrency 4") {
+		t.Errorf("the types page shows the limits as %q", got)
+	}
+	want := &backlog.Limit{Concurrency: 4, Rate: 30, Per: time.Minute, Burst: 1}
+	if l := limit(); l == nil || *l != *want {
+		t.Fatalf("limits written: %+v, want %+v", l, want)
+	}
+
+	// A bad value: the form again, the field named, nothing written.
+	e.click(`tr[data-type="` + typ + `"] a.edit-limits`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(`#limit-review`)))
+	e.run(chromedp.SetValue(`input[name="burst"]`, "31"))
+	e.click(`#limit-review`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(`#limit-error`)))
+	if got := e.text("#limit-error"); got != "backlog: invalid burst: 31 is more than the rate (30)" {
+		t.Errorf("error shown: %q", got)
+	}
+	e.shoot("limits-error")
+	e.expectConsole("status of 400 (Bad Request) " + e.url + "/types/limits")
+	if l := limit(); l == nil || *l != *want {
+		t.Fatalf("a refused value changed the limits: %+v", l)
+	}
+
+	// Removal, confirmed.
+	e.click(`#limit-remove`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(`#limit-apply`)))
+	e.click(`#limit-apply`)
+	e.run(chromedp.WaitVisible(chromedp.CSS(`.flash-ok`)))
+	if l := limit(); l != nil {
+		t.Fatalf("limits left after removal: %+v", l)
 	}
 }

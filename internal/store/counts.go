@@ -13,7 +13,7 @@ import (
 // here ever scans job_history.
 
 type countsSQL struct {
-	live, finished, series, rollup, trim string
+	live, finished, series, rollup, fold, trim, latency string
 }
 
 // countedState is a counter row's state as readers count it: a job
@@ -24,6 +24,7 @@ func (s *Store) buildCounts() {
 	c := &s.counts
 	minutes := pgx.Identifier{s.schema, "job_counts"}.Sanitize()
 	hours := pgx.Identifier{s.schema, "job_counts_hourly"}.Sanitize()
+	hsum, hadd := pgx.Identifier{s.schema, "hist_sum"}.Sanitize(), pgx.Identifier{s.schema, "hist_add"}.Sanitize()
 	c.live = `SELECT state, type, '' AS worker, count(*),
 	       COALESCE(max(extract(epoch FROM now() - run_at)) FILTER (WHERE state = 'available'), 0)
 FROM ` + s.jobs + ` GROUP BY state, type
@@ -52,12 +53,39 @@ FROM (
 	// statement (a reader sees them in one table or the other).
 	c.rollup = `WITH m AS (
 	DELETE FROM ` + minutes + ` WHERE bucket < date_trunc('hour', now()) - interval '1 hour'
-	RETURNING bucket, type, state, n, wait_ms, run_ms
+	RETURNING bucket, type, state, n, wait_ms, run_ms, wait_hist, run_hist
 ), h AS (
-	INSERT INTO ` + hours + ` AS h (bucket, type, state, n, wait_ms, run_ms)
-	SELECT date_trunc('hour', bucket), type, state, sum(n), sum(wait_ms), sum(run_ms) FROM m GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+	INSERT INTO ` + hours + ` AS h (bucket, type, state, n, wait_ms, run_ms, wait_hist, run_hist)
+	SELECT date_trunc('hour', bucket), type, state, sum(n), sum(wait_ms), sum(run_ms), ` + hsum + `(wait_hist), ` + hsum + `(run_hist)
+	FROM m GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
 	ON CONFLICT (bucket, type, state) DO UPDATE
-	SET n = h.n + EXCLUDED.n, wait_ms = h.wait_ms + EXCLUDED.wait_ms, run_ms = h.run_ms + EXCLUDED.run_ms
+	SET n = h.n + EXCLUDED.n, wait_ms = h.wait_ms + EXCLUDED.wait_ms, run_ms = h.run_ms + EXCLUDED.run_ms,
+	    wait_hist = ` + hadd + `(h.wait_hist, EXCLUDED.wait_hist), run_hist = ` + hadd + `(h.run_hist, EXCLUDED.run_hist)
+	RETURNING 1
+)
+SELECT count(*) FROM m`
+	// The wait and run time histograms (migration 23) of the jobs
+	// finished since $1, summed by type; rows written without them (by a
+	// previous version's roll-up) are skipped.
+	c.latency = `SELECT type, ` + hsum + `(wait_hist), ` + hsum + `(run_hist) FROM (
+	SELECT type, wait_hist, run_hist FROM ` + hours + ` WHERE bucket >= date_trunc('hour', $1::timestamptz)
+	UNION ALL
+	SELECT type, wait_hist, run_hist FROM ` + minutes + ` WHERE bucket >= $1
+) c GROUP BY type ORDER BY type`
+	// The shards of each closed minute (finished a minute ago: only the
+	// retirer, rarely, still counts into it) folded into shard 0, so that
+	// readers of the last hours (the percentiles above all) read one row
+	// per minute, type and state rather than one per writer.
+	c.fold = `WITH m AS (
+	DELETE FROM ` + minutes + ` WHERE shard <> 0 AND bucket < date_trunc('minute', now()) - interval '1 minute'
+	RETURNING bucket, type, state, n, wait_ms, run_ms, wait_hist, run_hist
+), f AS (
+	INSERT INTO ` + minutes + ` AS c (bucket, type, state, shard, n, wait_ms, run_ms, wait_hist, run_hist)
+	SELECT bucket, type, state, 0, sum(n), sum(wait_ms), sum(run_ms), ` + hsum + `(wait_hist), ` + hsum + `(run_hist)
+	FROM m GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+	ON CONFLICT (bucket, type, state, shard) DO UPDATE
+	SET n = c.n + EXCLUDED.n, wait_ms = c.wait_ms + EXCLUDED.wait_ms, run_ms = c.run_ms + EXCLUDED.run_ms,
+	    wait_hist = ` + hadd + `(c.wait_hist, EXCLUDED.wait_hist), run_hist = ` + hadd + `(c.run_hist, EXCLUDED.run_hist)
 	RETURNING 1
 )
 SELECT count(*) FROM m`
@@ -125,10 +153,14 @@ func (s *Store) Series(ctx context.Context, since time.Time, bucket time.Duratio
 	return out, err
 }
 
-// RollUpCounts folds minute counters older than two whole hours into hour
-// counters and deletes hour counters older than keep. It returns how many
-// minute rows it folded.
+// RollUpCounts folds the shards of each closed minute into one row,
+// minute counters older than two whole hours into hour counters, and
+// deletes hour counters older than keep. It returns how many minute rows
+// it folded into hours.
 func (s *Store) RollUpCounts(ctx context.Context, keep time.Duration) (int, error) {
+	if _, err := s.pool.Exec(ctx, s.counts.fold, Mode); err != nil {
+		return 0, err
+	}
 	var n int
 	if err := s.pool.QueryRow(ctx, s.counts.rollup, Mode).Scan(&n); err != nil {
 		return 0, err
@@ -136,3 +168,33 @@ func (s *Store) RollUpCounts(ctx context.Context, keep time.Duration) (int, erro
 	_, err := s.pool.Exec(ctx, s.counts.trim, Mode, keep.Milliseconds())
 	return n, err
 }
+
+// LatencyHists are the summed histograms of one type's wait and run times
+// (milliseconds; slot i counts 2^(i/4)-1 <= ms < 2^((i+1)/4)-1; nil: none
+// recorded).
+type LatencyHists struct {
+	Type      string
+	Wait, Run []int64
+}
+
+// Latency returns, by type, the histograms of the wait and run times of
+// the jobs finished since `since` (to the hour when `since` is more than
+// two hours ago).
+func (s *Store) Latency(ctx context.Context, since time.Time) ([]LatencyHists, error) {
+	rows, err := s.pool.Query(ctx, s.counts.latency, Mode, since)
+	if err != nil {
+		return nil, err
+	}
+	var out []LatencyHists
+	var h LatencyHists
+	_, err = pgx.ForEachRow(rows, []any{&h.Type, &h.Wait, &h.Run}, func() error {
+		out = append(out, h)
+		h = LatencyHists{}
+		return nil
+	})
+	return out, err
+}
+
+// LatencySlotsPerDoubling is the number of slots of a latency histogram
+// per doubling of milliseconds (latency_hist() of migration 23).
+const LatencySlotsPerDoubling = 4

@@ -135,7 +135,7 @@ func (s *Store) buildFinish() {
 		last_error = CASE WHEN f.state = 'completed' THEN NULL
 		                  WHEN j.cancel_requested AND f.state = 'available' THEN 'cancelled by request' || COALESCE('; its last attempt ended with: ' || f.err, '')
 		                  ELSE COALESCE(f.err, j.last_error) END,
-		errors = CASE WHEN f.err IS NULL THEN j.errors ELSE ` + errorsAppend("j.attempt", "f.err") + ` END,
+		errors = CASE WHEN f.err IS NULL THEN j.errors ELSE ` + errorsAppend("j.attempt", "f.err", outcomeOfErr("f.state", "f.err")) + ` END,
 		lease_token = NULL, lease_expires_at = NULL,
 		finished_at = CASE WHEN f.state IN ('completed', 'failed', 'cancelled') OR j.cancel_requested THEN now() END
 	FROM f, l WHERE j.id = f.id AND j.id = l.id
@@ -179,7 +179,7 @@ WHERE j.lease_token = t.token AND j.state = 'running'`
 	UPDATE ` + s.jobs + ` j SET
 		state = CASE WHEN j.cancel_requested THEN 'cancelled' WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'available' END,
 		last_error = ` + msg + `,
-		errors = ` + errorsAppend("j.attempt", msg) + `,
+		errors = ` + errorsAppend("j.attempt", msg, "'lease expired'") + `,
 		lease_token = NULL, lease_expires_at = NULL, worker = NULL,
 		finished_at = CASE WHEN j.cancel_requested OR j.attempt >= j.max_attempts THEN now() END
 	FROM expired WHERE j.id = expired.id
@@ -201,7 +201,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL FROM (SELECT pg_notify($2, ` + s.posti
 	f.failExpired = `WITH x AS (
 	SELECT id FROM ` + s.jobs + ` WHERE id = $1 AND state = 'running' AND lease_expires_at < now() FOR UPDATE
 ), u AS (
-	UPDATE ` + s.jobs + ` j SET state = 'failed', last_error = $2, errors = ` + errorsAppend("j.attempt", "$2::text") + `,
+	UPDATE ` + s.jobs + ` j SET state = 'failed', last_error = $2, errors = ` + errorsAppend("j.attempt", "$2::text", "'lease expired'") + `,
 		lease_token = NULL, lease_expires_at = NULL, worker = NULL, finished_at = now()
 	FROM x WHERE j.id = x.id RETURNING j.id, j.notify_done
 )
