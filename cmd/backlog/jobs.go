@@ -77,9 +77,13 @@ func edgeKind(n backlog.GraphNode) string {
 }
 
 type attemptJSON struct {
-	Attempt int       `json:"attempt"`
-	At      time.Time `json:"at"`
-	Error   string    `json:"error"`
+	Attempt    int        `json:"attempt"`
+	At         time.Time  `json:"at"`
+	Error      string     `json:"error"`
+	Worker     string     `json:"worker,omitempty"`
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	DurationMs *int64     `json:"duration_ms,omitempty"`
+	Outcome    string     `json:"outcome,omitempty"`
 }
 
 func jobView(j *backlog.JobInfo) jobJSON {
@@ -94,7 +98,12 @@ func jobView(j *backlog.JobInfo) jobJSON {
 		v.Tags = nil
 	}
 	for _, e := range j.Errors {
-		v.Errors = append(v.Errors, attemptJSON(e))
+		a := attemptJSON{Attempt: e.Attempt, At: e.At, Error: e.Error, Worker: e.Worker, StartedAt: e.StartedAt, Outcome: e.Outcome}
+		if e.StartedAt != nil {
+			ms := e.Duration.Milliseconds()
+			a.DurationMs = &ms
+		}
+		v.Errors = append(v.Errors, a)
 	}
 	return v
 }
@@ -264,7 +273,18 @@ func printJob(out io.Writer, j *backlog.JobInfo) error {
 	if len(j.Errors) > 0 {
 		fmt.Fprintf(out, "\nErrors (oldest first):\n")
 		for _, e := range j.Errors {
-			fmt.Fprintf(out, "  attempt %d at %s:\n%s\n", e.Attempt, cell(e.At), indent(indent(e.Error)))
+			how := ""
+			if e.Outcome != "" {
+				how = " (" + e.Outcome
+				if e.Worker != "" {
+					how += ", worker " + e.Worker
+				}
+				if e.StartedAt != nil {
+					how += ", ran " + e.Duration.String()
+				}
+				how += ")"
+			}
+			fmt.Fprintf(out, "  attempt %d at %s%s:\n%s\n", e.Attempt, cell(e.At), how, indent(indent(e.Error)))
 		}
 	}
 	return nil
