@@ -113,7 +113,7 @@ func burndownOnce(ctx context.Context, env *benchEnv, k kind) (burnResult, error
 		return r, fmt.Errorf("migrate: %w", err)
 	}
 	t := time.Now()
-	if err := sys.BulkInsert(setup, cfg.burnJobs); err != nil {
+	if err := sys.BulkInsert(setup, 0, cfg.burnJobs); err != nil {
 		sys.Close(setup)
 		return r, fmt.Errorf("bulk insert: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -25,9 +26,12 @@ type config struct {
 	burnJobs    int
 	burnTimeout time.Duration
 
-	steadyDur    time.Duration
-	steadyWarmup time.Duration
-	inserters    int
+	offeredRates  []int
+	offeredWarmup time.Duration
+	offeredDur    time.Duration
+	offeredDrain  time.Duration
+	offeredCap    time.Duration
+	producers     int
 
 	latRates  []int
 	latDurs   map[int]time.Duration
@@ -46,13 +50,13 @@ type config struct {
 	totalTimeout time.Duration
 }
 
-var workloadNames = []string{"burndown", "steady", "latency", "idle", "flow"}
+var workloadNames = []string{"burndown", "offered", "latency", "idle", "flow"}
 
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	quick := fs.Bool("quick", false, "the under-a-minute-or-two variant: fewer jobs, shorter phases, one run each, no 10/s latency rate")
 	only := fs.String("only", "", "systems to run (comma-separated): backlog, backlog-discard, river, river-tuned, floor, graphile (default all, or backlog,river-tuned,floor,graphile with -quick)")
-	wls := fs.String("workloads", strings.Join(workloadNames, ","), "workloads to run (comma-separated): burndown, steady, latency, idle, flow (backlog only)")
+	wls := fs.String("workloads", strings.Join(workloadNames, ","), "workloads to run (comma-separated): burndown, offered, latency, idle, flow (backlog only)")
 	runs := fs.Int("runs", 0, "runs per system of every workload (flow: its burn-downs), reported as medians with their range (default 3, or 1 with -quick)")
 	jobs := fs.Int("jobs", 0, "burn-down jobs (default 200000, or 20000 with -quick)")
 	out := fs.String("out", "results/latest.md", "also write the report to this file (empty: stdout only)")
@@ -61,6 +65,7 @@ func parseFlags(args []string) (*config, error) {
 	cpuProf := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	sqlStats := fs.Bool("sqlstats", false, "log each system's statements by text for every measured window (stderr)")
 	analyze := fs.Bool("analyze", true, "ANALYZE the job table after the burn-down's bulk insert (planner statistics, as a long-lived table has them)")
+	rates := fs.String("rates", "", "offered-load rates in jobs/s (comma-separated, ascending; default 5000,10000,20000,30000,40000, or 5000,10000,20000 with -quick)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -68,9 +73,9 @@ func parseFlags(args []string) (*config, error) {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	c := &config{quick: *quick, out: *out, newDB: *newDB, sqlStats: *sqlStats, cpuProf: *cpuProf, analyze: *analyze, poolConns: int32(*pool),
-		inserters: 4, idleDomains: 20, idleWorkers: 10, floorConns: 2, floorBatch: 1000,
+		producers: 4, idleDomains: 20, idleWorkers: 10, floorConns: 2, floorBatch: 1000,
 		setupTimeout: 2 * time.Minute, stopTimeout: 20 * time.Second, latSettle: time.Second,
-		steadyWarmup: time.Second, idleWarmup: 11 * time.Second}
+		idleWarmup: 11 * time.Second}
 	systems := "backlog,backlog-discard,river,river-tuned,floor,graphile"
 	if c.quick {
 		// A few minutes: the comparison the targets name (backlog at its
@@ -80,13 +85,17 @@ func parseFlags(args []string) (*config, error) {
 		// run's 11 s warm-up to be exact; -quick reports them after 2 s.
 		systems = "backlog,river-tuned,floor,graphile"
 		c.runs, c.burnJobs, c.burnTimeout = 1, 10_000, 20*time.Second
-		c.steadyDur, c.idleDur, c.idleWarmup = 4*time.Second, 4*time.Second, 2*time.Second
+		c.idleDur, c.idleWarmup = 4*time.Second, 2*time.Second
+		c.offeredRates = []int{5000, 10000, 20000}
+		c.offeredWarmup, c.offeredDur, c.offeredDrain, c.offeredCap = time.Second, 4*time.Second, 5*time.Second, 2*time.Minute
 		c.latRates = []int{100, 1000}
 		c.latDurs = map[int]time.Duration{100: 2 * time.Second, 1000: 2 * time.Second}
 		c.totalTimeout = 5 * time.Minute
 	} else {
 		c.runs, c.burnJobs, c.burnTimeout = 3, 200_000, 60*time.Second
-		c.steadyDur, c.idleDur = 30*time.Second, 30*time.Second
+		c.idleDur = 30 * time.Second
+		c.offeredRates = []int{5000, 10000, 20000, 30000, 40000}
+		c.offeredWarmup, c.offeredDur, c.offeredDrain, c.offeredCap = 2*time.Second, 10*time.Second, 10*time.Second, 10*time.Minute
 		c.latRates = []int{10, 100, 1000}
 		c.latDurs = map[int]time.Duration{10: 10 * time.Second, 100: 5 * time.Second, 1000: 5 * time.Second}
 		c.totalTimeout = 45 * time.Minute
@@ -101,6 +110,11 @@ func parseFlags(args []string) (*config, error) {
 		return nil, fmt.Errorf("-pool must be at least 1")
 	}
 	var err error
+	if *rates != "" {
+		if c.offeredRates, err = parseRates(*rates); err != nil {
+			return nil, fmt.Errorf("-rates: %w", err)
+		}
+	}
 	if *only != "" {
 		systems = *only
 	}
@@ -126,6 +140,29 @@ func parseList(s string, known []string) ([]string, error) {
 		if !slices.Contains(out, f) {
 			out = append(out, f)
 		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("empty list")
+	}
+	return out, nil
+}
+
+// parseRates parses an ascending list of positive rates.
+func parseRates(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		r, err := strconv.Atoi(f)
+		if err != nil || r <= 0 {
+			return nil, fmt.Errorf("%q is not a positive whole number of jobs/s", f)
+		}
+		if len(out) > 0 && r <= out[len(out)-1] {
+			return nil, fmt.Errorf("rates must be ascending (%d after %d)", r, out[len(out)-1])
+		}
+		out = append(out, r)
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("empty list")
@@ -163,9 +200,8 @@ func (c *config) describe() []string {
 				fmtInt(float64(c.burnJobs)), insertChunk, analyzeText, c.runsText(), c.burnTimeout),
 			"per job (during the burn-down): WAL = pg_current_wal_lsn() delta (server-wide: other databases' writes would be included); transactions = xact_commit + xact_rollback delta of the benchmark database in pg_stat_database, read after every connection of the phase exited, minus the harness's own; statements = statements the system's pool sent (pgx tracer; graphile-worker: plus the query calls its Node process counts); PostgreSQL CPU = utime+stime (schedstat) of the backends of the benchmark database plus the postmaster and background processes (walwriter, checkpointer, …), from /proc; client CPU = getrusage of this process (the system's client library plus the harness's 10 ms poll; graphile-worker: plus its Node process, utime+stime from /proc/<pid>/stat).")
 	}
-	if has("steady") {
-		d = append(d, fmt.Sprintf("steady state: %d goroutines insert batches of 50 jobs in a loop (backlog EnqueueMany, River InsertManyFast, graphile-worker add_jobs) while the workers run; after %s of warm-up, completed and inserted jobs are counted over %s and the available count sampled every second; %s. graphile-worker deletes completed jobs: its completed count is the id sequence's last value minus the rows left (an insert still uncommitted at a reading counts as completed: at most %d jobs at either end), and its available count leaves out the jobs locked into its local queue.",
-			c.inserters, c.steadyWarmup, c.steadyDur, c.runsText(), c.inserters*steadyBatch))
+	if has("offered") {
+		d = append(d, offeredDescription(c))
 	}
 	if has("latency") {
 		var rs []string

@@ -209,14 +209,15 @@ func paceInserts(ctx context.Context, sys system, rec *latRecorder, from, n, rat
 	return float64(n) / time.Since(start).Seconds(), errs.Load()
 }
 
-// waitStarted waits until every job of the range has started, or for
-// grace; it returns how many have not.
+// waitStarted waits until every job of the range whose insert returned has
+// started, or for grace; it returns how many have not. (A failed insert is
+// reported by its caller, not waited for.)
 func waitStarted(ctx context.Context, rec *latRecorder, from, n int, grace time.Duration) int {
 	deadline := time.Now().Add(grace)
 	for {
 		missing := 0
 		for s := from; s < from+n; s++ {
-			if rec.start[s].Load() == 0 {
+			if rec.commit[s].Load() != 0 && rec.start[s].Load() == 0 {
 				missing++
 			}
 		}

@@ -1,6 +1,6 @@
 // Command bench compares backlog with River, graphile-worker (in a Node child
 // process, when node is on PATH) and a raw-SQL floor on one PostgreSQL
-// server: burn-down throughput and its per-job database cost, steady state,
+// server: burn-down throughput and its per-job database cost, offered load,
 // pickup latency and idle cost. It prints one markdown table
 // and writes it to results/latest.md.
 //
@@ -86,7 +86,7 @@ func run(cfg *config) error {
 	}
 	res := newResults()
 	phases := map[string]func(context.Context, *benchEnv, kind, *results){
-		"burndown": runBurndown, "steady": runSteady, "latency": runLatency, "idle": runIdle, "flow": runFlow,
+		"burndown": runBurndown, "offered": runOffered, "latency": runLatency, "idle": runIdle, "flow": runFlow,
 	}
 	for _, w := range workloadNames {
 		if !slices.Contains(cfg.workloads, w) {
@@ -96,14 +96,20 @@ func run(cfg *config) error {
 		switch w {
 		case "burndown":
 			defineBurndownRows(res)
-		case "steady":
-			defineSteadyRows(res)
+		case "offered":
+			defineOfferedRows(res, cfg.offeredRates)
 		case "latency":
 			defineLatencyRows(res, cfg.latRates)
 		case "idle":
 			defineIdleRows(res, env.pgss)
 		case "flow":
 			defineFlowRows(res)
+		}
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if w == "offered" {
+			// The whole ladder of every system fits in offeredCap; a system
+			// whose turn comes later shows "timeout".
+			wctx, cancel = context.WithTimeout(ctx, cfg.offeredCap)
 		}
 		for _, k := range kinds {
 			if !k.workloads[w] || ctx.Err() != nil {
@@ -115,7 +121,11 @@ func run(cfg *config) error {
 				}
 				continue
 			}
-			phases[w](ctx, env, k, res)
+			phases[w](wctx, env, k, res)
+		}
+		cancel()
+		if w == "offered" {
+			offeredSummary(cfg, kinds, res)
 		}
 	}
 	if slices.Contains(cfg.workloads, "idle") && !env.pgss {

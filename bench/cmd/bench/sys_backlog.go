@@ -62,12 +62,12 @@ func (s *backlogSys) Open(ctx context.Context) error {
 
 func (s *backlogSys) Migrate(ctx context.Context) error { return s.q.Migrate(ctx) }
 
-func (s *backlogSys) BulkInsert(ctx context.Context, n int) error {
+func (s *backlogSys) BulkInsert(ctx context.Context, from int64, n int) error {
 	specs := make([]backlog.JobSpec, 0, insertChunk)
 	for done := 0; done < n; done += len(specs) {
 		specs = specs[:0]
 		for i := done; i < n && len(specs) < insertChunk; i++ {
-			specs = append(specs, backlog.JobSpec{Type: benchType, Args: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, i))})
+			specs = append(specs, backlog.JobSpec{Type: benchType, Args: json.RawMessage(fmt.Sprintf(`{"seq":%d}`, from+int64(i)))})
 		}
 		if _, err := s.q.EnqueueMany(ctx, specs); err != nil {
 			return err

@@ -122,7 +122,7 @@ func (s *graphileSys) Migrate(ctx context.Context) error {
 	return err
 }
 
-func (s *graphileSys) BulkInsert(ctx context.Context, n int) error {
+func (s *graphileSys) BulkInsert(ctx context.Context, from int64, n int) error {
 	buf := make([]byte, 0, 48*min(n, insertChunk))
 	for done := 0; done < n; {
 		buf = append(buf[:0], '[')
@@ -132,7 +132,7 @@ func (s *graphileSys) BulkInsert(ctx context.Context, n int) error {
 				buf = append(buf, ',')
 			}
 			buf = append(buf, `{"identifier":"`+benchType+`","payload":{"seq":`...)
-			buf = strconv.AppendInt(buf, int64(done+k), 10)
+			buf = strconv.AppendInt(buf, from+int64(done+k), 10)
 			buf = append(buf, "}}"...)
 		}
 		buf = append(buf, ']')

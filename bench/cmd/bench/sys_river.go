@@ -101,12 +101,12 @@ func (s *riverSys) client() *river.Client[pgx.Tx] {
 	return s.insert
 }
 
-func (s *riverSys) BulkInsert(ctx context.Context, n int) error {
+func (s *riverSys) BulkInsert(ctx context.Context, from int64, n int) error {
 	params := make([]river.InsertManyParams, 0, insertChunk)
 	for done := 0; done < n; done += len(params) {
 		params = params[:0]
 		for i := done; i < n && len(params) < insertChunk; i++ {
-			params = append(params, river.InsertManyParams{Args: benchArgs{Seq: int64(i)}})
+			params = append(params, river.InsertManyParams{Args: benchArgs{Seq: from + int64(i)}})
 		}
 		if _, err := s.client().InsertManyFast(ctx, params); err != nil {
 			return err

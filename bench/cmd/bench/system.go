@@ -29,8 +29,9 @@ type system interface {
 	Open(ctx context.Context) error
 	// Migrate creates the system's tables in its schema.
 	Migrate(ctx context.Context) error
-	// BulkInsert inserts n no-op jobs with the system's bulk insert.
-	BulkInsert(ctx context.Context, n int) error
+	// BulkInsert inserts n no-op jobs, carrying seq from..from+n-1, with the
+	// system's bulk insert (calls of at most insertChunk jobs).
+	BulkInsert(ctx context.Context, from int64, n int) error
 	// Insert inserts one job carrying seq with the system's single-row insert.
 	Insert(ctx context.Context, seq int64) error
 	// Start starts workers; they run until Stop.
@@ -94,14 +95,14 @@ const (
 )
 
 func allKinds(cfg *config) []kind {
-	all := map[string]bool{"burndown": true, "steady": true, "latency": true, "idle": true, "flow": true}
+	all := map[string]bool{"burndown": true, "offered": true, "latency": true, "idle": true, "flow": true}
 	rt := &nodeRuntime{}
 	return []kind{
 		{key: "backlog", label: "backlog default", workloads: all,
 			note: fmt.Sprintf("backlog: backlog.New(ctx, pool, backlog.WithSchema(s)) and Work(ctx, h, backlog.Types(%q)); every other setting at its default (Concurrency %d, LISTEN/NOTIFY, notify interval %s, lease %s).",
 				benchType, backlogConcurrency, backlogNotifyInterval, backlogLease),
 			new: func(e *benchEnv, s string) system { return newBacklog(e, s, false) }},
-		{key: "backlog-discard", label: "backlog discard", workloads: map[string]bool{"burndown": true, "steady": true, "latency": true, "idle": true},
+		{key: "backlog-discard", label: "backlog discard", workloads: map[string]bool{"burndown": true, "offered": true, "latency": true, "idle": true},
 			note: "backlog discard: as backlog default, with backlog.WithDiscardCompleted(): a completed job nobody needs kept (no result, no Wait, no dependents; every benchmark job) is deleted at completion instead of moved to job_history, as graphile-worker does with every job.",
 			new:  func(e *benchEnv, s string) system { return newBacklog(e, s, true) }},
 		{key: "river", label: "River default", workloads: all,
