@@ -591,3 +591,22 @@ func TestHandleArgsStrictDecoding(t *testing.T) {
 	defer mu.Unlock()
 	require.Equal(t, []int{1}, got)
 }
+
+// dependentArgs declares a dependency among its default options.
+type dependentArgs struct{}
+
+func (dependentArgs) Kind() string { return "dependent" }
+
+func (dependentArgs) EnqueueOptions() []backlog.EnqueueOption {
+	return []backlog.EnqueueOption{backlog.DependsOn(backlog.NewID())}
+}
+
+// A periodic job registered with args whose default options depend on
+// another job is refused as one given the option explicitly is: the
+// schedule's checks see the args type's defaults.
+func TestEveryRefusesDependsOnAmongTheArgsDefaults(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	err := e.q.Every("dep", time.Hour, "", dependentArgs{})
+	requireInputField(t, err, "depends on", "Every with DependsOn among the defaults")
+}

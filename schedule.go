@@ -83,8 +83,14 @@ func (q *Queue) addSchedule(name string, kind ScheduleKind, spec string, p perio
 	if err := validateText("schedule name", name, maxTypeBytes, false); err != nil {
 		return err
 	}
+	// The options as the job gets them: an args type's defaults first,
+	// so that a CatchUp or DependsOn among them is seen too.
+	_, resolved, err := JobSpec{Type: typ, Args: args, Options: opts}.resolve()
+	if err != nil {
+		return err
+	}
 	c := enqueueConfig{}
-	for _, o := range opts {
+	for _, o := range resolved {
 		if o != nil {
 			o.applyEnqueue(&c)
 		}
