@@ -91,8 +91,9 @@ func barrier(n int) backlog.HandlerFunc {
 func TestIsolationCompleter(t *testing.T) {
 	t.Parallel()
 	// Outcomes held back by the poison row would be written after their
-	// leases expired, and the jobs run again: the lease is the bound (3 s:
-	// at 1 s a machine at load 40 let a healthy job's lease expire).
+	// leases expired, and the jobs run again (attempt 2): the lease is the
+	// bound, checked by each job's attempt, not by the clock (3 s: at 1 s a
+	// machine at load 40 let a healthy job's lease expire).
 	const lease = 3 * time.Second
 	e := newEnv(t, backlog.WithLease(lease))
 	e.poison()
@@ -110,7 +111,7 @@ func TestIsolationCompleter(t *testing.T) {
 		info := e.waitState(id, 10*time.Second, backlog.StateCompleted)
 		require.Equal(t, 1, info.Attempt)
 	}
-	require.Less(t, time.Since(start), 2*lease, "healthy outcomes were held back by the poison row")
+	t.Logf("the healthy outcomes were written %s after work began", time.Since(start).Round(time.Millisecond))
 	info := e.waitState(ids[0], 10*time.Second, backlog.StateFailed)
 	require.Contains(t, info.LastError, "poison: refuses completion")
 	require.Contains(t, info.LastError, "recording the job's outcome (completed) failed")

@@ -64,7 +64,7 @@ func TestReadPoolReadsTheStandby(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, q.Close()) })
 	require.NoError(t, q.Migrate(ctx))
 	// The read pool really is a standby, and catches up with the migration.
-	replicaWait(t, 30*time.Second, "the standby to replay the migration", func() bool {
+	eventually(t, 30*time.Second, 20*time.Millisecond, "the standby to replay the migration", func() bool {
 		st, err := q.ReadPoolStatus(ctx)
 		require.NoError(t, err)
 		require.True(t, st.Configured)
@@ -77,7 +77,7 @@ func TestReadPoolReadsTheStandby(t *testing.T) {
 	// Pause replay: from now on the standby shows the queue as it is now.
 	_, err = readPool.Exec(ctx, `SELECT pg_wal_replay_pause()`)
 	require.NoError(t, err)
-	replicaWait(t, 30*time.Second, "replay to pause", func() bool {
+	eventually(t, 30*time.Second, 20*time.Millisecond, "replay to pause", func() bool {
 		var state string
 		require.NoError(t, readPool.QueryRow(ctx, `SELECT pg_get_wal_replay_pause_state()`).Scan(&state))
 		return state == "paused"
@@ -156,7 +156,7 @@ func TestReadPoolReadsTheStandby(t *testing.T) {
 	// Resume: the standby replays the job's whole life.
 	_, err = readPool.Exec(ctx, `SELECT pg_wal_replay_resume()`)
 	require.NoError(t, err)
-	replicaWait(t, 30*time.Second, "the job to reach the standby", func() bool {
+	eventually(t, 30*time.Second, 20*time.Millisecond, "the job to reach the standby", func() bool {
 		info, err := q.Job(ctx, id)
 		if errors.Is(err, backlog.ErrNotFound) {
 			return false
@@ -170,7 +170,7 @@ func TestReadPoolReadsTheStandby(t *testing.T) {
 	procs, err = q.Processes(ctx)
 	require.NoError(t, err)
 	require.Len(t, procs, 1)
-	replicaWait(t, 30*time.Second, "the standby to catch up", func() bool {
+	eventually(t, 30*time.Second, 20*time.Millisecond, "the standby to catch up", func() bool {
 		rs, err := q.ReadPoolStatus(ctx)
 		require.NoError(t, err)
 		require.False(t, rs.ReplayPaused)
@@ -202,14 +202,4 @@ func TestReadPoolReadsTheStandby(t *testing.T) {
 	info, err = q.Wait(ctx, id2)
 	require.NoError(t, err)
 	require.Equal(t, backlog.StateCompleted, info.State)
-}
-
-// replicaWait polls cond every 20 ms until it holds, failing after within.
-func replicaWait(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		require.True(t, time.Now().Before(deadline), "timed out waiting for %s", what)
-		<-time.After(20 * time.Millisecond)
-	}
 }

@@ -51,20 +51,27 @@ check)
 	present "$v" || exit 3
 	;;
 install)
-	v=$(pg_version)
-	if present "$v"; then
+	if v=$(pg_version 2>/dev/null) && present "$v"; then
 		log "pg_auto_failover for PostgreSQL $v already installed"
 		exit 0
 	fi
 	sudo=()
 	if [ "$(id -u)" -ne 0 ]; then
 		command -v sudo >/dev/null || { log "pg_auto_failover is missing and installing it needs root (no sudo found)"; exit 3; }
-		sudo=(sudo env DEBIAN_FRONTEND=noninteractive)
+		sudo=(sudo -n env DEBIAN_FRONTEND=noninteractive)
 	fi
 	command -v apt-get >/dev/null || { log "pg_auto_failover is missing and there is no apt-get"; exit 3; }
 	export DEBIAN_FRONTEND=noninteractive
 	log "apt-get update"
 	"${sudo[@]}" apt-get update -qq >&2 || { log "apt-get update failed"; exit 3; }
+	if ! pg_version >/dev/null 2>&1; then
+		# A fresh machine (the tests' server may be $DATABASE_URL's,
+		# elsewhere): the PostgreSQL server binaries the nodes run.
+		log "apt-get install postgresql"
+		"${sudo[@]}" apt-get install -y -qq --no-install-recommends --no-upgrade postgresql >&2 ||
+			{ log "apt-get install postgresql failed"; exit 3; }
+	fi
+	v=$(pg_version)
 	log "apt-get install postgresql-$v-auto-failover pg-auto-failover-cli"
 	"${sudo[@]}" apt-get install -y -qq --no-install-recommends --no-upgrade \
 		"postgresql-$v-auto-failover" pg-auto-failover-cli >&2 ||

@@ -20,7 +20,7 @@
 // acknowledged before any standby has them; a switchover soon after
 // loses them with the demoted node (seen in 1 of 3 runs of
 // TestHAFailover). With two standbys and number_sync_standbys 1, one
-// standby gone leaves the other synchronous, and the tests wait (Settled)
+// standby gone leaves the other synchronous, and the tests wait (WaitHealthy)
 // until every node has reached the state the monitor assigned it before
 // each failover step.
 package hacluster
@@ -203,8 +203,8 @@ func (c *Cluster) bringUp(ctx context.Context) error {
 	// default, 0, acknowledges commits with no standby at all when they
 	// are all away). pg_autoctl set formation goes through a node's
 	// keeper to the monitor.
-	if out, err := c.command("set", "formation", "number-sync-standbys", "1",
-		"--pgdata", c.pgdata(Node1)).CombinedOutput(); err != nil {
+	if out, err := runCtx(ctx, c.command("set", "formation", "number-sync-standbys", "1",
+		"--pgdata", c.pgdata(Node1))); err != nil {
 		return fmt.Errorf("pg_autoctl set formation number-sync-standbys 1: %v\n%s", err, out)
 	}
 	if err := c.WaitHealthy(ctx); err != nil {
@@ -570,14 +570,18 @@ func (c *Cluster) teardown() {
 	for _, p := range procs {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
 	}
-	deadline := time.NewTimer(30 * time.Second)
-	defer deadline.Stop()
+	// One deadline for them all: each waits at most until it (a fired
+	// timer's channel would not fire again for the next process).
+	deadline := time.Now().Add(30 * time.Second)
 	for _, p := range procs {
 		select {
 		case <-p.done:
-		case <-deadline.C:
+		case <-time.After(time.Until(deadline)):
 		}
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	}
+	for _, p := range procs {
+		<-p.done // killed: its Wait returns
 	}
 	for _, name := range append([]string{"monitor"}, Nodes...) {
 		if pid := c.postmasterPID(name); pid > 0 && syscall.Kill(pid, 0) == nil {
