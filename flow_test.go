@@ -627,3 +627,51 @@ func TestMigration22RollingUpgrade(t *testing.T) {
 		require.Equal(t, 1, peak, "jobs of %s running at once", k)
 	}
 }
+
+// TestMigration24RollingUpgrade: processes of version 23 keep running
+// against a schema at 0024. Migration 0024 replaced only claim_jobs's body
+// (same signature and columns): the claim statement a process sends is
+// the same in versions 23 and 24, so processes of either version claim
+// through the new body, whose plain claims now take the claim lock the
+// claims of limited types already took. Three processes working plain
+// jobs and jobs of a type limited to 2 at once: every job completes in
+// one attempt, and the limit holds.
+func TestMigration24RollingUpgrade(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	st, err := e.q.MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, st.Version, int64(24))
+	require.NoError(t, e.q.SetLimit(ctx, "v23limited", backlog.Limit{Concurrency: 2}))
+	var specs []backlog.JobSpec
+	for i := range 600 {
+		specs = append(specs, backlog.JobSpec{Type: "v23", Args: i})
+	}
+	for i := range 40 {
+		specs = append(specs, backlog.JobSpec{Type: "v23limited", Args: i})
+	}
+	_, err = e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	var running, peak atomic.Int32
+	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		if job.Type != "v23limited" {
+			return nil
+		}
+		n := running.Add(1)
+		defer running.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		select {
+		case <-time.After(2 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	for range 3 {
+		work(t, e.queue(testdb.NewPool(t, 4)), h, backlog.Concurrency(10), backlog.Types("v23", "v23limited"))
+	}
+	e.waitCount(`state = 'completed'`, len(specs), 60*time.Second)
+	require.Zero(t, e.count(`attempt <> 1`), "jobs that ran more than once")
+	require.LessOrEqual(t, peak.Load(), int32(2), "the limit of 2")
+}

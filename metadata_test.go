@@ -306,7 +306,8 @@ func migrationDownRestores(t *testing.T, version int64) {
 	require.Equal(t, catalog(t, prev), catalog(t, down))
 }
 
-// catalog describes a schema: its functions (definitions), the columns of
+// catalog describes a schema: its functions (definitions), its aggregates
+// (pg_get_functiondef refuses them: their functions and state), the columns of
 // its tables and views, and its indexes, with the schema's name blanked.
 // The day partitions of job_history are left out: how many exist depends
 // on the day and on whether their attach got its locks at once (the
@@ -315,7 +316,11 @@ func migrationDownRestores(t *testing.T, version int64) {
 func catalog(t *testing.T, schema string) []string {
 	t.Helper()
 	rows, err := testdb.Pool(t).Query(context.Background(), `
-SELECT 'function ' || pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
+SELECT 'function ' || pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.pronamespace = $1::regnamespace AND p.prokind <> 'a'
+UNION ALL
+SELECT 'aggregate ' || p.oid::regprocedure::text || ' ' || a.aggtransfn::regprocedure::text || ' ' || a.aggfinalfn::text || ' '
+       || format_type(a.aggtranstype, NULL) || ' ' || coalesce(a.agginitval, '')
+FROM pg_proc p JOIN pg_aggregate a ON a.aggfnoid = p.oid WHERE p.pronamespace = $1::regnamespace
 UNION ALL
 SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull
 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
@@ -355,4 +360,11 @@ func TestMigration21DownRestoresVersion20(t *testing.T) {
 func TestMigration22DownRestoresVersion21(t *testing.T) {
 	t.Parallel()
 	migrationDownRestores(t, 22)
+}
+
+// TestMigration24DownRestoresVersion23: the same for 0024 (claims of a
+// type take turns): claim_jobs returns to its version 20 definition.
+func TestMigration24DownRestoresVersion23(t *testing.T) {
+	t.Parallel()
+	migrationDownRestores(t, 24)
 }

@@ -77,10 +77,11 @@ import (
 // A claim never takes a graph lock that waits: its job rows are FOR UPDATE
 // SKIP LOCKED. Before them it takes, in ascending hashtext(type) order,
 // each of its types' limit lock (pg_advisory_xact_lock_shared(hashtext(
-// schema.job_limits), hashtext(type))), then, for the types that have
-// limits or keyed jobs, each type's claim lock (the same, exclusive, on
-// schema.job_claims), and last the rows of job_limits, job_rates and
-// job_key_cursors of those types. SetLimit and RemoveLimit take one type's
+// schema.job_limits), hashtext(type))), then each type's claim lock (the
+// same, exclusive, on schema.job_claims: every claim since migration 0024,
+// so one claim of a type runs at a time; before it only the claims of
+// types with limits or keyed jobs), and last the rows of job_limits,
+// job_rates and job_key_cursors of the types that have limits. SetLimit and RemoveLimit take one type's
 // limit lock exclusive before they touch its rows; the cleaner deletes
 // job_rates rows with SKIP LOCKED. None of these waits for a graph lock,
 // and no graph operation takes them, so the two orders cannot form a cycle.

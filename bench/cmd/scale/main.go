@@ -73,7 +73,7 @@ func main() {
 	flag.DurationVar(&cfg.idle, "idle", 20*time.Second, "idle window")
 	flag.DurationVar(&cfg.settle, "settle", 3*time.Second, "pause after the processes start, before the idle window")
 	flag.StringVar(&cfg.out, "out", "results/scale.md", "markdown report (also printed)")
-	flag.IntVar(&cfg.limit, "limit", 0, "experiment: a concurrency limit this high on both job types, so that claims take the flow-control path, which serialises the claims of a type across processes (0: none, the default)")
+	flag.IntVar(&cfg.limit, "limit", 0, "a concurrency limit this high on both job types, so that claims take the flow-control path (0: none, the default)")
 	flag.DurationVar(&cfg.deadline, "burn-timeout", 5*time.Minute, "give up a burn-down after this long")
 	flag.Parse()
 	for _, f := range strings.Split(procs, ",") {
