@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -272,9 +271,18 @@ const listenRetryMax = time.Second
 func (l *listener) loop(ctx context.Context) {
 	b := run.NewBackoff(100*time.Millisecond, listenRetryMax)
 	for ctx.Err() == nil {
-		err := l.session(ctx, b)
+		var up time.Time
+		err := l.session(ctx, &up)
 		if ctx.Err() != nil {
 			return
+		}
+		// The backoff starts over only after a session that lasted: a
+		// server that takes the connection and LISTEN and then drops it
+		// (flapping, or a proxy in front of a dead primary) would
+		// otherwise get a reconnect, and a wake of every domain (each a
+		// claim), ten times a second.
+		if !up.IsZero() && time.Since(up) >= listenStable {
+			b.Reset()
 		}
 		wait := b.NextBackOff()
 		if !l.faults.Failed("listener", err) {
@@ -290,8 +298,13 @@ func (l *listener) loop(ctx context.Context) {
 	}
 }
 
-// session connects, listens and relays postings until the connection fails.
-func (l *listener) session(ctx context.Context, b backoff.BackOff) error {
+// listenStable is how long a LISTEN session must last for the reconnect
+// backoff to start over when it ends.
+const listenStable = listenRetryMax
+
+// session connects, listens and relays postings until the connection
+// fails; up is set when LISTEN succeeded.
+func (l *listener) session(ctx context.Context, up *time.Time) error {
 	conn, err := l.connect(ctx)
 	if err != nil {
 		return err
@@ -300,7 +313,7 @@ func (l *listener) session(ctx context.Context, b backoff.BackOff) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{l.channel}.Sanitize()); err != nil {
 		return err
 	}
-	b.Reset()
+	*up = time.Now()
 	l.faults.OK("listener")
 	l.acq.wakeAll()
 	for {

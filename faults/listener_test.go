@@ -267,3 +267,67 @@ func TestListenerRetriesEverySecond(t *testing.T) {
 	require.True(t, at.After(attempts[failures]), "the job ran before the listener connected: nothing was tested")
 	require.Less(t, at.Sub(attempts[failures]), 5*time.Second, "the reconnect did not wake the idle worker")
 }
+
+// TestListenerBacksOffAFlappingServer: the server takes the listener's
+// connection and its LISTEN, then drops it at once, again and again (a
+// flapping server, or a proxy in front of a dead primary). Each reconnect
+// wakes every domain (a claim each), so the reconnects must back off as
+// for refused connections (to about a second), not start over at 100 ms
+// after every LISTEN that succeeded: the backoff starts over only after a
+// session that lasted.
+func TestListenerBacksOffAFlappingServer(t *testing.T) {
+	requireFaults(t)
+	const flaps = 8
+	e := newFEnv(t)
+	var mu sync.Mutex
+	var attempts []time.Time
+	connect := func(ctx context.Context) (*pgx.Conn, error) {
+		mu.Lock()
+		attempts = append(attempts, time.Now())
+		n := len(attempts)
+		mu.Unlock()
+		conn, err := pgx.Connect(ctx, testdb.URL())
+		if err != nil || n > flaps {
+			return conn, err
+		}
+		// Dropped by the server once its LISTEN is in.
+		pid := conn.PgConn().PID()
+		go func() {
+			deadline := time.Now().Add(30 * time.Second)
+			tick := time.NewTicker(5 * time.Millisecond)
+			defer tick.Stop()
+			for ; time.Now().Before(deadline); <-tick.C {
+				var listening bool
+				if err := e.ctl.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+					WHERE pid = $1 AND query LIKE 'LISTEN %')`, pid).Scan(&listening); err != nil {
+					return
+				}
+				if listening {
+					_, _ = e.ctl.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, pid)
+					return
+				}
+			}
+		}()
+		return conn, nil
+	}
+	nAttempts := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(attempts)
+	}
+	q := e.queue(e.pool("lf", 4, nil), "lf", backlog.WithListenConn(connect), backlog.WithPollInterval(time.Hour))
+	work(t, q, backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil }), backlog.Types("lf.work"))
+	eventually(t, 2*time.Minute, 10*time.Millisecond, "the connect after the flaps", func() bool { return nAttempts() > flaps })
+	mu.Lock()
+	defer mu.Unlock()
+	var gaps durations
+	for i := 1; i <= flaps; i++ {
+		gaps = append(gaps, attempts[i].Sub(attempts[i-1]))
+	}
+	t.Logf("gaps between LISTEN connects while the server dropped each session: %v", gaps)
+	// Restarting at 100 ms (±50 %) after each flap, 8 reconnects take
+	// about 1 s plus the time to see each LISTEN; backing off (100, 150,
+	// 225, 337, 506, 759 ms, then 1 s, jittered ±50 %) at least 1.6 s.
+	require.GreaterOrEqual(t, attempts[flaps].Sub(attempts[0]), 1800*time.Millisecond,
+		"reconnects to a flapping server did not back off: %v", gaps)
+}
