@@ -248,11 +248,17 @@ func (a *acquirer) acquire(ctx context.Context, spec *domainSpec) (*claimed, err
 	return r.job, ctx.Err()
 }
 
+// claimRetryMax bounds the backoff of a domain's failed claims, or the
+// poll interval when that is shorter: a domain retries a failed claim at
+// least as often as it polls, so that a queue without a listener to wake
+// it (WithPollOnly) comes back from an outage within its poll interval.
+const claimRetryMax = 5 * time.Second
+
 // domainLocked returns spec's domain, making it if needed.
 func (a *acquirer) domainLocked(spec *domainSpec) *domain {
 	d := a.domains[spec.key]
 	if d == nil {
-		d = &domain{spec: spec, errs: run.NewBackoff(100*time.Millisecond, 5*time.Second),
+		d = &domain{spec: spec, errs: run.NewBackoff(100*time.Millisecond, min(claimRetryMax, max(a.pollInterval, 100*time.Millisecond))),
 			skips: run.NewBackoff(5*time.Millisecond, time.Second)}
 		a.domains[spec.key] = d
 	}

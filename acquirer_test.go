@@ -609,6 +609,36 @@ func TestAcquirerErrorRetriesWithBackoff(t *testing.T) {
 	})
 }
 
+// TestAcquirerErrorRetriesWithinThePollInterval: a failed claim is
+// retried with a backoff that never grows past the poll interval when
+// that is shorter than the backoff's bound (5 s): a queue polling every
+// 300 ms (WithPollOnly, typically, which has no listener to wake it when
+// the database is back) goes on claiming every 300 ms or so (450 ms with
+// the backoff's ±50 %) through an outage, not every 5 to 7.5 s.
+func TestAcquirerErrorRetriesWithinThePollInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const poll = 300 * time.Millisecond
+		st := newFakeStore()
+		for range 20 {
+			st.errs = append(st.errs, errors.New("connection refused"))
+		}
+		a := newAcquirer(st, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, poll, 0, nil)
+		t.Cleanup(func() {
+			a.close()
+			st.check(t)
+		})
+		st.add("a", nil, 0)
+		ta := startAcquiree(t, a, spec(t, []string{"a"}, nil))
+		synctest.Wait()
+		for st.callCount() <= 20 {
+			before := st.callCount()
+			advance(poll*3/2 + 10*time.Millisecond)
+			require.Greater(t, st.callCount(), before, "no claim within 1.5 poll intervals after %d failed ones", before)
+		}
+		ta.success()
+	})
+}
+
 func TestAcquirerWakeAllAfterReconnect(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newFakeStore()

@@ -150,7 +150,8 @@ func WithWorkerID(id string) Option { return queueOption(func(c *config) { c.wor
 // WithPollInterval sets the backup poll: how often an idle domain queries
 // the database although no notification arrived (notifications can be lost
 // while the listener reconnects; jobs inserted with raw SQL send none).
-// Defaults to 30 seconds.
+// A failed claim is retried with a backoff bounded by 5 seconds, or by
+// this interval when it is shorter. Defaults to 30 seconds.
 func WithPollInterval(d time.Duration) Option {
 	return queueOption(func(c *config) { c.pollInterval = d })
 }
