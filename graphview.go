@@ -74,7 +74,7 @@ func (q *Queue) Graph(ctx context.Context, id uuid.UUID) (*JobGraph, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
-	n, err := q.reads.Graph(ctx, id, maxGraphNeighbours, maxGraphCount)
+	n, err := q.readsFor(ctx).Graph(ctx, id, maxGraphNeighbours, maxGraphCount)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}

@@ -45,7 +45,7 @@ func (q *Queue) Latency(ctx context.Context, since time.Time) ([]Latency, error)
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
-	hs, err := q.store.Latency(ctx, since)
+	hs, err := q.readsFor(ctx).Latency(ctx, since)
 	if err != nil {
 		return nil, q.readErr(ctx, fmt.Errorf("reading latencies: %w", err))
 	}

@@ -121,7 +121,7 @@ func (q *Queue) Limits(ctx context.Context) ([]TypeLimit, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
-	rows, err := q.reads.Limits(ctx)
+	rows, err := q.readsFor(ctx).Limits(ctx)
 	if err != nil {
 		return nil, q.readErr(ctx, fmt.Errorf("reading limits: %w", err))
 	}

@@ -85,7 +85,7 @@ func (q *Queue) List(ctx context.Context, f Filter, opts ListOptions) (*ListPage
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
-	return q.listFrom(ctx, q.reads, f, opts)
+	return q.listFrom(ctx, q.readsFor(ctx), f, opts)
 }
 
 // listFrom lists through st: the read pool's for List, the primary's for

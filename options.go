@@ -177,13 +177,16 @@ func WithListenConn(f func(context.Context) (*pgx.Conn, error)) Option {
 // WithReadPool sends the operator's reads to pool, typically a hot
 // standby of the primary that New's pool connects to: Job, List, Graph,
 // Stats (but for its oldest-open-transaction check, which is about the
-// primary), Throughput, Processes, Schedules, Limits and Paused, and
-// through them the dashboard (backlogui) and the backlog command's read
-// commands. Everything else stays on New's pool: enqueues, claims, the
-// heartbeat, outcomes, the listener, Wait (which must see a job's outcome
-// the moment it is written), Cancel, Retry, Delete, their …Where forms,
-// SetLimit, Pause, migrations and the maintenance loops. ReadPoolStatus
-// tells how far behind the read pool is.
+// primary), Throughput, Latency, Processes, Schedules, Limits and Paused,
+// and through them the dashboard (backlogui) and the backlog command's
+// read commands. A read whose context comes from ReadPrimary goes to the
+// primary instead: use it where a read decides or confirms a write (the
+// dashboard counts the jobs of a bulk action and shows the limit an edit
+// replaces that way). Everything else stays on New's pool: enqueues,
+// claims, the heartbeat, outcomes, the listener, Wait (which must see a
+// job's outcome the moment it is written), Cancel, Retry, Delete, their
+// …Where forms, SetLimit, Pause, migrations and the maintenance loops.
+// ReadPoolStatus tells how far behind the read pool is.
 //
 // Reads from a standby are as old as its replay lag (docs/read-replicas.md):
 // a job just enqueued may be missing from List and Job (ErrNotFound), a

@@ -57,7 +57,7 @@ func (q *Queue) Paused(ctx context.Context) ([]PausedType, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
-	ps, err := q.reads.PausedTypes(ctx)
+	ps, err := q.readsFor(ctx).PausedTypes(ctx)
 	if err != nil {
 		return nil, q.readErr(ctx, fmt.Errorf("reading paused types: %w", err))
 	}

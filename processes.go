@@ -65,7 +65,7 @@ func (q *Queue) Processes(ctx context.Context) ([]ProcessInfo, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
-	rows, err := q.reads.Processes(ctx)
+	rows, err := q.readsFor(ctx).Processes(ctx)
 	if err != nil {
 		return nil, q.readErr(ctx, fmt.Errorf("listing processes: %w", err))
 	}

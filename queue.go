@@ -35,10 +35,10 @@ type Queue struct {
 	cfg   config
 	log   *slog.Logger
 	store *store.Store
-	// reads and readPool serve the operator's reads (WithReadPool): the
-	// read pool's, or store and pool themselves without one.
-	reads    *store.Store
-	readPool *pgxpool.Pool
+	// reads serves the operator's reads (WithReadPool): the read pool's
+	// store, or store itself without one. Reads go through readsFor,
+	// which honours ReadPrimary.
+	reads *store.Store
 	// faults coalesces the background loops' database errors into
 	// outages (one log line when one begins, one when it ends).
 	faults *outage.Tracker
@@ -96,9 +96,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	}
 	q := &Queue{pool: pool, cfg: cfg, log: cfg.logger, store: store.New(pool, cfg.schema), closing: make(chan struct{})}
 	q.store.SetRetention(cfg.keepCompleted, cfg.keepFailed)
-	q.reads, q.readPool = q.store, pool
+	q.reads = q.store
 	if cfg.readPool != nil {
-		q.reads, q.readPool = store.New(cfg.readPool, cfg.schema), cfg.readPool
+		q.reads = store.New(cfg.readPool, cfg.schema)
 	}
 	log := cfg.logger
 	q.faults = outage.New(log)
@@ -230,18 +230,19 @@ func migrateHint(schema string) string {
 }
 
 // Job returns a job's record, or ErrNotFound. With WithReadPool it reads
-// the read pool: a job just enqueued may not be there yet.
+// the read pool (unless ctx comes from ReadPrimary): a job just enqueued
+// may not be there yet.
 func (q *Queue) Job(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
-	return q.jobFrom(ctx, q.reads, q.readPool, id)
+	return q.jobFrom(ctx, q.readsFor(ctx), id)
 }
 
-// jobFrom reads a job through st on db: the read pool's for Job, the
-// primary's for Wait.
-func (q *Queue) jobFrom(ctx context.Context, st *store.Store, db store.DB, id uuid.UUID) (*JobInfo, error) {
-	r, err := st.Get(ctx, db, id)
+// jobFrom reads a job through st, on st's pool: the read pool's for Job,
+// the primary's for Wait.
+func (q *Queue) jobFrom(ctx context.Context, st *store.Store, id uuid.UUID) (*JobInfo, error) {
+	r, err := st.Get(ctx, st.Pool(), id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("job %s: %w", id, ErrNotFound)
 	}

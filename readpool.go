@@ -4,7 +4,35 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/backlogq/backlog/internal/store"
 )
+
+// readPrimaryKey marks a context made by ReadPrimary.
+type readPrimaryKey struct{}
+
+// ReadPrimary returns a context whose reads go to the primary (New's
+// pool) even when the Queue has a read pool (WithReadPool): Job, List,
+// Graph, Stats, Throughput, Latency, Processes, Schedules, Limits and
+// Paused made with it read what is committed, never a standby's lagging
+// copy. Use it where a read decides or confirms a write: counting the
+// jobs a bulk action is about to act on, showing the limit an edit will
+// replace, reading back a job just run. Without a read pool it changes
+// nothing. ReadPoolStatus, which is about the read pool itself, ignores
+// it.
+func ReadPrimary(ctx context.Context) context.Context {
+	return context.WithValue(ctx, readPrimaryKey{}, true)
+}
+
+// readsFor is the store an operator's read made with ctx goes through:
+// the read pool's, unless ctx comes from ReadPrimary (or there is no read
+// pool), then the primary's.
+func (q *Queue) readsFor(ctx context.Context) *store.Store {
+	if primary, _ := ctx.Value(readPrimaryKey{}).(bool); primary {
+		return q.store
+	}
+	return q.reads
+}
 
 // ReadPoolStatus tells where the operator's reads come from (WithReadPool)
 // and how far behind the primary they are.

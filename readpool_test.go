@@ -23,8 +23,9 @@ func TestWithReadPoolNilIsRefused(t *testing.T) {
 
 // TestReadPoolRouting: with a read pool (here one that connects to the
 // primary, which is allowed: its reads are never stale), the operator's
-// reads run on it and only there, and the writes, Wait and the …Where
-// actions never touch it. The standby case is faults/replica_test.go.
+// reads run on it and only there (but with a ReadPrimary context: then
+// on the primary only), and the writes, Wait and the …Where actions never
+// touch it. The standby case is faults/replica_test.go.
 func TestReadPoolRouting(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -72,21 +73,33 @@ func TestReadPoolRouting(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(rpool.Close)
 	qr := e.queue(rpool, backlog.WithReadPool(readPool))
-	for _, r := range []struct {
+	operatorReads := []struct {
 		name string
-		read func() error
+		read func(context.Context) error
 	}{
-		{"Job", func() error { _, err := qr.Job(ctx, id); return err }},
-		{"List", func() error { _, err := qr.List(ctx, backlog.Filter{}, backlog.ListOptions{}); return err }},
-		{"Graph", func() error { _, err := qr.Graph(ctx, id); return err }},
-		{"Throughput", func() error { _, err := qr.Throughput(ctx, time.Now().Add(-time.Hour), time.Minute); return err }},
-		{"Processes", func() error { _, err := qr.Processes(ctx); return err }},
-		{"Schedules", func() error { _, err := qr.Schedules(ctx); return err }},
-		{"Limits", func() error { _, err := qr.Limits(ctx); return err }},
-		{"Paused", func() error { _, err := qr.Paused(ctx); return err }},
-	} {
+		{"Job", func(ctx context.Context) error { _, err := qr.Job(ctx, id); return err }},
+		{"List", func(ctx context.Context) error {
+			_, err := qr.List(ctx, backlog.Filter{}, backlog.ListOptions{})
+			return err
+		}},
+		{"Graph", func(ctx context.Context) error { _, err := qr.Graph(ctx, id); return err }},
+		{"Throughput", func(ctx context.Context) error {
+			_, err := qr.Throughput(ctx, time.Now().Add(-time.Hour), time.Minute)
+			return err
+		}},
+		{"Latency", func(ctx context.Context) error { _, err := qr.Latency(ctx, time.Now().Add(-time.Hour)); return err }},
+		{"Processes", func(ctx context.Context) error { _, err := qr.Processes(ctx); return err }},
+		{"Schedules", func(ctx context.Context) error { _, err := qr.Schedules(ctx); return err }},
+		{"Limits", func(ctx context.Context) error { _, err := qr.Limits(ctx); return err }},
+		{"Paused", func(ctx context.Context) error { _, err := qr.Paused(ctx); return err }},
+		{"Stats", func(ctx context.Context) error { _, err := qr.Stats(ctx); return err }},
+	}
+	for _, r := range operatorReads {
+		if r.name == "Stats" {
+			continue // below: it asks the primary one thing
+		}
 		p, m := primary.mark(), reads.mark()
-		require.NoError(t, r.read(), r.name)
+		require.NoError(t, r.read(ctx), r.name)
 		require.NotEmpty(t, reads.since(m, ""), "%s ran nothing on the read pool", r.name)
 		require.Empty(t, primary.since(p, ""), "%s read the primary", r.name)
 	}
@@ -100,6 +113,14 @@ func TestReadPoolRouting(t *testing.T) {
 	require.Empty(t, primary.since(p, e.schema))
 	require.Equal(t, int64(1), st.ByState[backlog.StateCompleted])
 	require.Equal(t, []string{"rp"}, st.Paused)
+	// With ReadPrimary, every one of them reads the primary and nothing
+	// on the read pool.
+	for _, r := range operatorReads {
+		p, m := primary.mark(), reads.mark()
+		require.NoError(t, r.read(backlog.ReadPrimary(ctx)), r.name)
+		require.NotEmpty(t, primary.since(p, ""), "%s with ReadPrimary ran nothing on the primary", r.name)
+		require.Empty(t, reads.since(m, ""), "%s with ReadPrimary read the read pool", r.name)
+	}
 	info, err = qr.Job(ctx, id)
 	require.NoError(t, err, "a read pool on the primary sees every write at once")
 	require.Equal(t, backlog.StateCompleted, info.State)

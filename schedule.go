@@ -248,7 +248,7 @@ func (q *Queue) Schedules(ctx context.Context) ([]ScheduleInfo, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
 	}
-	rows, now, err := q.reads.Schedules(ctx)
+	rows, now, err := q.readsFor(ctx).Schedules(ctx)
 	if err != nil {
 		return nil, q.readErr(ctx, fmt.Errorf("listing schedules: %w", err))
 	}

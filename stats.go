@@ -44,8 +44,9 @@ const StatsWindow = 24 * time.Hour
 // transaction. It reads the live table (only live jobs are there) and
 // per-minute counters, never the finished jobs, so its cost does not grow
 // with the history kept. With WithReadPool the counts come from the read
-// pool (as old as its replay lag); the oldest open transaction is asked of
-// the primary, where transactions hold back the cleanup.
+// pool (as old as its replay lag; from the primary when ctx comes from
+// ReadPrimary); the oldest open transaction is asked of the primary,
+// where transactions hold back the cleanup.
 func (q *Queue) Stats(ctx context.Context) (*Stats, error) {
 	if q.isClosed() {
 		return nil, ErrClosed
@@ -53,20 +54,21 @@ func (q *Queue) Stats(ctx context.Context) (*Stats, error) {
 	fail := func(what string, err error) (*Stats, error) {
 		return nil, q.readErr(ctx, fmt.Errorf("reading stats (%s): %w", what, err))
 	}
-	live, oldest, err := q.reads.LiveCounts(ctx)
+	reads := q.readsFor(ctx)
+	live, oldest, err := reads.LiveCounts(ctx)
 	if err != nil {
 		return fail("live jobs", err)
 	}
-	now, err := q.reads.Now(ctx)
+	now, err := reads.Now(ctx)
 	if err != nil {
 		return fail("clock", err)
 	}
-	finished, err := q.reads.FinishedCounts(ctx, now.Add(-StatsWindow))
+	finished, err := reads.FinishedCounts(ctx, now.Add(-StatsWindow))
 	if err != nil {
 		return fail("finished jobs", err)
 	}
 	st := buildStats(live, finished, oldest)
-	paused, err := q.reads.PausedTypes(ctx)
+	paused, err := reads.PausedTypes(ctx)
 	if err != nil {
 		return fail("paused types", err)
 	}
@@ -133,7 +135,7 @@ func (q *Queue) Throughput(ctx context.Context, since time.Time, bucket time.Dur
 	if bucket < time.Minute || bucket%time.Minute != 0 {
 		return nil, invalid("bucket", "must be a whole number of minutes, got %s", bucket)
 	}
-	points, err := q.reads.Series(ctx, since, bucket)
+	points, err := q.readsFor(ctx).Series(ctx, since, bucket)
 	if err != nil {
 		return nil, q.readErr(ctx, fmt.Errorf("reading throughput: %w", err))
 	}

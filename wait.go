@@ -65,7 +65,7 @@ func (q *Queue) Wait(ctx context.Context, id uuid.UUID) (*JobInfo, error) {
 			}
 		}
 		var err error
-		info, err = q.jobFrom(ctx, q.store, q.pool, id) // the primary, never the read pool: it has the outcome first
+		info, err = q.jobFrom(ctx, q.store, id) // the primary, never the read pool: it has the outcome first
 		switch {
 		case err == nil:
 			state = info.State

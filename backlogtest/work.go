@@ -73,7 +73,9 @@ func Work(ctx context.Context, t TB, q *backlog.Queue, h backlog.Handler, id uui
 func result(ctx context.Context, t TB, q *backlog.Queue, r testbridge.Run) *Result {
 	t.Helper()
 	job := r.Job.(*backlog.Job)
-	info, err := q.Job(context.WithoutCancel(ctx), job.ID)
+	// The primary's record: a read pool (WithReadPool) may not have the
+	// outcome just written yet.
+	info, err := q.Job(backlog.ReadPrimary(context.WithoutCancel(ctx)), job.ID)
 	if err != nil {
 		fatalf(t, "reading job %s after its run: %v", job.ID, err)
 	}

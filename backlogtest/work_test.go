@@ -4,16 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
 	"github.com/backlogq/backlog/backlogtest"
+	"github.com/backlogq/backlog/internal/pgcluster"
 	"github.com/backlogq/backlog/internal/testdb"
 )
 
@@ -424,4 +427,45 @@ func TestWorkDAGMetadataProgress(tt *testing.T) {
 	require.Equal(tt, page{Words: 3}, got)
 	require.Equal(tt, map[string]string{"trace": "t1"}, r.Info.Metadata)
 	require.JSONEq(tt, `{"done": 3}`, string(r.Info.Progress))
+}
+
+// TestWorkReadsTheOutcomeFromThePrimary: with a read pool on a standby
+// whose replay is paused (a private primary and a real streaming hot
+// standby made of it), Work's Result.Info is the job's record as the
+// primary has it once the outcome is written, not the standby's (where
+// the job, enqueued after the pause, does not exist).
+func TestWorkReadsTheOutcomeFromThePrimary(tt *testing.T) {
+	tt.Parallel()
+	primary := pgcluster.Start(tt, os.Getenv("BACKLOG_CI") == "1", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, primary.URL())
+	require.NoError(tt, err)
+	tt.Cleanup(pool.Close)
+	setup, err := backlog.New(ctx, pool, quiet())
+	require.NoError(tt, err)
+	require.NoError(tt, setup.Migrate(ctx))
+	require.NoError(tt, setup.Close())
+	standby, err := primary.Standby()
+	require.NoError(tt, err)
+	require.NoError(tt, standby.PauseReplay(ctx))
+	readPool, err := pgxpool.New(ctx, standby.URL())
+	require.NoError(tt, err)
+	tt.Cleanup(readPool.Close)
+	q, err := backlog.New(ctx, pool, quiet(), backlog.WithReadPool(readPool))
+	require.NoError(tt, err)
+	tt.Cleanup(func() { require.NoError(tt, q.Close()) })
+
+	id, err := q.Enqueue(ctx, "t.replica", emailArgs{To: "ada@example.com"})
+	require.NoError(tt, err)
+	_, err = q.Job(ctx, id)
+	require.ErrorIs(tt, err, backlog.ErrNotFound, "the standby has the job: replay is not paused")
+	r := backlogtest.Work(ctx, tt, q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		return job.SetResult(map[string]int{"sent": 1})
+	}), id)
+	require.Equal(tt, backlog.OutcomeCompleted, r.Outcome)
+	require.Equal(tt, backlog.StateCompleted, r.Info.State)
+	var res map[string]int
+	require.NoError(tt, r.Info.DecodeResult(&res))
+	require.Equal(tt, map[string]int{"sent": 1}, res)
 }

@@ -89,9 +89,12 @@ type limitsData struct {
 	New     *backlog.Limit
 }
 
-// current reads typ's limits (nil: none).
+// current reads typ's limits (nil: none) from the primary, where SetLimit
+// writes: the form starts from them and the review shows them as the
+// limits being replaced, which a lagging read pool could show stale (a
+// limit set a moment ago missing).
 func (h *handler) current(r *http.Request, typ string) (*backlog.Limit, error) {
-	ls, err := h.q.Limits(r.Context())
+	ls, err := h.q.Limits(backlog.ReadPrimary(r.Context()))
 	if err != nil {
 		return nil, err
 	}

@@ -253,13 +253,15 @@ func bulkFilter(f backlog.Filter, action string) backlog.Filter {
 }
 
 // count counts the jobs f selects, up to countCap or countBudget; atLeast
-// reports that it stopped before the end.
+// reports that it stopped before the end. It reads the primary, as the
+// bulk action will: a lagging read pool would show a count the action
+// does not find (none at all for jobs that failed a moment ago).
 func (h *handler) count(ctx context.Context, f backlog.Filter) (n int, atLeast bool, err error) {
 	if len(f.States) == 0 {
 		return 0, false, nil
 	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, countTimeout)
+	ctx, cancel := context.WithTimeout(backlog.ReadPrimary(ctx), countTimeout)
 	defer cancel()
 	opts := backlog.ListOptions{Limit: backlog.MaxListLimit}
 	for {

@@ -35,11 +35,13 @@ func (c *countQueries) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryE
 // TestReadPoolReadsTheStandby: a private primary and a real streaming hot
 // standby made of it (pg_basebackup -R). A Queue with WithReadPool on the
 // standby: with replay paused on the standby, a job enqueued on the
-// primary is missing from Job, List and Stats (they read the standby), is
-// claimed, run and awaited all the same (Enqueue, Work, Wait and CancelWhere never ask
-// the standby: its pool runs no statement meanwhile), and
-// ReadPoolStatus says replay is paused and how far behind; once replay
-// resumes, the reads show the job completed and the standby caught up.
+// primary is missing from Job, List, Stats and Latency (they read the
+// standby), is claimed, run and awaited all the same (Enqueue, Work, Wait
+// and CancelWhere never ask the standby: its pool runs no statement
+// meanwhile), the same reads with a ReadPrimary context see it (and run
+// nothing on the standby), and ReadPoolStatus says replay is paused and
+// how far behind; once replay resumes, the reads show the job completed
+// and the standby caught up.
 func TestReadPoolReadsTheStandby(t *testing.T) {
 	requireFaults(t)
 	primary := pgcluster.Start(t, os.Getenv(ciEnv) == "1", nil)
@@ -122,7 +124,29 @@ func TestReadPoolReadsTheStandby(t *testing.T) {
 	require.NoError(t, err)
 	_, err = q.Schedules(ctx)
 	require.NoError(t, err)
+	lat, err := q.Latency(ctx, time.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	require.Empty(t, lat, "Latency read the primary")
 	require.Greater(t, reads.n.Load(), before, "the reads ran no statement on the read pool")
+	// With ReadPrimary the same reads ask the primary: the job is there.
+	primaryCtx := backlog.ReadPrimary(ctx)
+	r0 := reads.n.Load()
+	info, err = q.Job(primaryCtx, id)
+	require.NoError(t, err, "Job with ReadPrimary read the standby")
+	require.Equal(t, backlog.StateCompleted, info.State)
+	page, err = q.List(primaryCtx, backlog.Filter{Types: []string{"r"}}, backlog.ListOptions{})
+	require.NoError(t, err)
+	require.Len(t, page.Jobs, 1, "List with ReadPrimary read the standby")
+	require.Equal(t, id, page.Jobs[0].ID)
+	st, err = q.Stats(primaryCtx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), st.ByState[backlog.StateCompleted], "Stats with ReadPrimary read the standby")
+	lat, err = q.Latency(primaryCtx, time.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	i := slices.IndexFunc(lat, func(l backlog.Latency) bool { return l.Type == "r" })
+	require.NotEqual(t, -1, i, "Latency with ReadPrimary read the standby")
+	require.Equal(t, int64(1), lat[i].Ran)
+	require.Equal(t, r0, reads.n.Load(), "the reads with ReadPrimary ran statements on the read pool")
 	// A Queue without a read pool sees the job at once.
 	direct, err := backlog.New(ctx, pool)
 	require.NoError(t, err)

@@ -1,9 +1,16 @@
 package main
 
 import (
+	"context"
 	"net/url"
+	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/backlogq/backlog/internal/pgcluster"
 )
 
 // TestReadURL: with --read-url (or $BACKLOG_READ_URL) the read commands
@@ -49,5 +56,49 @@ func TestReadURL(t *testing.T) {
 	c.checkFail(args, out, errs, code, 2, "bad read URL")
 	if strings.Contains(errs, "s3cr3tpw") {
 		t.Fatalf("the password shows: %s", errs)
+	}
+}
+
+// TestReadURLActionsReadThePrimary: with --read-url on a standby whose
+// replay is paused (a private primary and a real streaming hot standby
+// made of it), a job enqueued afterwards is missing from `list`, yet
+// the dashboard's bulk confirmation (`ui --read-url`) counts it and
+// `cancel --type … --yes` counts and cancels it: the reads that decide a
+// write read the primary.
+func TestReadURLActionsReadThePrimary(t *testing.T) {
+	t.Parallel()
+	primary := pgcluster.Start(t, os.Getenv("BACKLOG_CI") == "1", nil)
+	c := newCLI(t)
+	db := []string{"--database-url", primary.URL()}
+	c.ok(append(db, "migrate", "up")...)
+	standby, err := primary.Standby()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := standby.PauseReplay(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rdb := append(db, "--read-url", standby.URL())
+	id := strings.TrimSpace(c.ok(append(rdb, "enqueue", "t")...))
+	if out := c.ok(append(rdb, "list", "--type", "t")...); strings.Contains(out, id) {
+		t.Fatalf("the standby lists the job: replay is not paused\n%s", out)
+	}
+
+	port := strconv.Itoa(freePort(t))
+	cmd, _, _ := c.startUI(append(rdb, "--addr", "127.0.0.1:"+port)...)
+	_, body := waitOK(t, "http://127.0.0.1:"+port+"/jobs/confirm?action=cancel&type=t")
+	if !strings.Contains(body, `<strong id="confirm-count">1</strong>`) {
+		t.Fatalf("the dashboard's bulk confirmation did not count the job on the primary:\n%s", body)
+	}
+	stopUI(t, cmd, syscall.SIGINT)
+
+	out := c.ok(append(rdb, "cancel", "--type", "t", "--yes")...)
+	if !strings.Contains(out, "1 job(s) match") || !strings.Contains(out, "cancelled 1 job(s)") {
+		t.Fatalf("cancel --type t --yes with a paused standby:\n%s", out)
+	}
+	if out := c.ok(append(db, "show", id)...); !strings.Contains(out, "cancelled") {
+		t.Fatalf("the job is not cancelled on the primary:\n%s", out)
 	}
 }

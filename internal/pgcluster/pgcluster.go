@@ -114,6 +114,35 @@ func (c *Cluster) Standby() (*Cluster, error) {
 	return s, nil
 }
 
+// PauseReplay pauses WAL replay on c, a standby (pg_wal_replay_pause),
+// and waits until replay is paused or ctx ends: c's reads then show the
+// primary as it was, whatever commits there later, as a standby lagging
+// without end would.
+func (c *Cluster) PauseReplay(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, c.URL())
+	if err != nil {
+		return fmt.Errorf("pgcluster: pausing replay: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `SELECT pg_wal_replay_pause()`); err != nil {
+		return fmt.Errorf("pgcluster: pausing replay: %w", err)
+	}
+	for {
+		var state string
+		if err := conn.QueryRow(ctx, `SELECT pg_get_wal_replay_pause_state()`).Scan(&state); err != nil {
+			return fmt.Errorf("pgcluster: pausing replay: %w", err)
+		}
+		if state == "paused" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgcluster: replay not paused: %w (state %s)", ctx.Err(), state)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // URL is the cluster's connection string (database postgres, user
 // postgres).
 func (c *Cluster) URL() string {
