@@ -40,7 +40,7 @@ func burndownRun(ctx context.Context, env *benchEnv, k kind, res *results, run i
 	logf("burn-down: %s, run %d/%d, %d jobs", k.label, run+1, env.cfg.runs, env.cfg.burnJobs)
 	from := time.Now()
 	defer func() { flagNoise(env, res, "burn-down", k, from, burnKeys...) }()
-	r, err := burndownOnce(ctx, env, k)
+	r, err := burndownOnce(ctx, env, k, env.cfg.burnJobs, env.cfg.burnTimeout)
 	if err != nil {
 		logf("burn-down: %s: %v", k.label, err)
 		res.fail("burn.rate", k.key, "error")
@@ -94,7 +94,9 @@ func statusOf(err error) string {
 	return "error"
 }
 
-func burndownOnce(ctx context.Context, env *benchEnv, k kind) (burnResult, error) {
+// burndownOnce inserts jobs jobs, then times their burn-down, giving up
+// after timeout.
+func burndownOnce(ctx context.Context, env *benchEnv, k kind, jobs int, timeout time.Duration) (burnResult, error) {
 	cfg := env.cfg
 	var r burnResult
 	schema := env.newSchema(k.key)
@@ -113,11 +115,11 @@ func burndownOnce(ctx context.Context, env *benchEnv, k kind) (burnResult, error
 		return r, fmt.Errorf("migrate: %w", err)
 	}
 	t := time.Now()
-	if err := sys.BulkInsert(setup, 0, cfg.burnJobs); err != nil {
+	if err := sys.BulkInsert(setup, 0, jobs); err != nil {
 		sys.Close(setup)
 		return r, fmt.Errorf("bulk insert: %w", err)
 	}
-	r.insertRate = float64(cfg.burnJobs) / time.Since(t).Seconds()
+	r.insertRate = float64(jobs) / time.Since(t).Seconds()
 	sys.Close(setup)
 	if cfg.analyze {
 		// Planner statistics, as a long-lived table has them: without them
@@ -160,12 +162,12 @@ func burndownOnce(ctx context.Context, env *benchEnv, k kind) (burnResult, error
 	}
 	sys.Counter().resetTexts()
 	t0 := time.Now()
-	phase, cancelPhase := context.WithDeadline(ctx, t0.Add(cfg.burnTimeout+cfg.stopTimeout))
+	phase, cancelPhase := context.WithDeadline(ctx, t0.Add(timeout+cfg.stopTimeout))
 	defer cancelPhase()
 	if err := sys.Start(phase, workSpec{}); err != nil {
 		return r, fmt.Errorf("start: %w", err)
 	}
-	done, err := waitDrained(phase, mon, t0.Add(cfg.burnTimeout))
+	done, err := waitDrained(phase, mon, t0.Add(timeout))
 	if err != nil {
 		return r, err
 	}
@@ -180,13 +182,13 @@ func burndownOnce(ctx context.Context, env *benchEnv, k kind) (burnResult, error
 		return r, err
 	}
 	if !done {
-		r.timeout = fmt.Sprintf("%d of %d jobs completed after %s", n, cfg.burnJobs, elapsed.Round(time.Millisecond))
+		r.timeout = fmt.Sprintf("%d of %d jobs completed after %s", n, jobs, elapsed.Round(time.Millisecond))
 	}
 	if err := stop(); err != nil {
 		return r, err
 	}
-	if done && n != int64(cfg.burnJobs) {
-		return r, fmt.Errorf("drained, but only %d of %d jobs are completed", n, cfg.burnJobs)
+	if done && n != int64(jobs) {
+		return r, fmt.Errorf("drained, but only %d of %d jobs are completed", n, jobs)
 	}
 	if n == 0 {
 		return r, fmt.Errorf("no job completed in %s", elapsed.Round(time.Millisecond))
@@ -198,17 +200,17 @@ func burndownOnce(ctx context.Context, env *benchEnv, k kind) (burnResult, error
 		return r, err
 	}
 
-	jobs := float64(n)
-	r.rate = jobs / elapsed.Seconds()
-	r.wal = float64(u1.wal-u0.wal) / jobs
-	r.xact = float64(x1-x0-monStmts) / jobs
-	r.stmt = float64(u1.queries-u0.queries) / jobs
-	r.cpu = float64((u1.client() - u0.client()).Microseconds()) / jobs
+	nj := float64(n)
+	r.rate = nj / elapsed.Seconds()
+	r.wal = float64(u1.wal-u0.wal) / nj
+	r.xact = float64(x1-x0-monStmts) / nj
+	r.stmt = float64(u1.queries-u0.queries) / nj
+	r.cpu = float64((u1.client() - u0.client()).Microseconds()) / nj
 	if d, ok := serverCPU(u0, u1); ok {
-		r.pgCPU, r.pgCPUok = float64(d.Microseconds())/jobs, true
+		r.pgCPU, r.pgCPUok = float64(d.Microseconds())/nj, true
 	}
 	if u1.child > 0 {
-		logf("burn-down: %s: client CPU %.1f µs/job, of which the child process %.1f", k.label, r.cpu, float64((u1.child-u0.child).Microseconds())/jobs)
+		logf("burn-down: %s: client CPU %.1f µs/job, of which the child process %.1f", k.label, r.cpu, float64((u1.child-u0.child).Microseconds())/nj)
 	}
 	return r, nil
 }
@@ -250,4 +252,43 @@ func settledXacts(ctx context.Context, env *benchEnv) (int64, error) {
 	x, err := m.xacts(ctx)
 	// The monitor's first statement (its pid) was flushed at once: count it out.
 	return x - m.mark, err
+}
+
+// The large burn-down: the same, with -large-jobs jobs (1,000,000 by
+// default), where the tables outgrow shared_buffers; its rate and the
+// server's cost per job.
+
+func defineLargeRows(res *results, jobs int) {
+	n := fmtInt(float64(jobs))
+	res.define("large.rate", "burn-down of "+n+" jobs: jobs/s", fmtRate, true)
+	res.define("large.pgcpu", "burn-down of "+n+" jobs: PostgreSQL CPU µs per job", fmtDec, true)
+	res.define("large.wal", "burn-down of "+n+" jobs: WAL bytes per job", fmtInt, true)
+}
+
+func runLarge(ctx context.Context, env *benchEnv, k kind, res *results) {
+	for run := range env.cfg.runs {
+		logf("large burn-down: %s, run %d/%d, %d jobs", k.label, run+1, env.cfg.runs, env.cfg.largeJobs)
+		from := time.Now()
+		r, err := burndownOnce(ctx, env, k, env.cfg.largeJobs, env.cfg.largeTimeout)
+		flagNoise(env, res, "large burn-down", k, from, "large.rate", "large.pgcpu", "large.wal")
+		if err != nil {
+			logf("large burn-down: %s: %v", k.label, err)
+			for _, key := range []string{"large.rate", "large.pgcpu", "large.wal"} {
+				res.fail(key, k.key, statusOf(err))
+			}
+			res.note("%s large burn-down failed: %v", k.label, err)
+			return
+		}
+		logf("large burn-down: %s: %.0f jobs/s, %.1f µs/job, %.0f WAL bytes/job", k.label, r.rate, r.pgCPU, r.wal)
+		if r.timeout != "" {
+			res.fail("large.rate", k.key, fmt.Sprintf("timeout (%s/s partial)", fmtRate(r.rate)))
+			res.note("%s large burn-down timed out: %s", k.label, r.timeout)
+			return
+		}
+		res.add("large.rate", k.key, r.rate)
+		if r.pgCPUok {
+			res.add("large.pgcpu", k.key, r.pgCPU)
+		}
+		res.add("large.wal", k.key, r.wal)
+	}
 }

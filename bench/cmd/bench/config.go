@@ -26,6 +26,9 @@ type config struct {
 	burnJobs    int
 	burnTimeout time.Duration
 
+	largeJobs    int
+	largeTimeout time.Duration
+
 	offeredRates  []int
 	offeredWarmup time.Duration
 	offeredDur    time.Duration
@@ -50,13 +53,14 @@ type config struct {
 	totalTimeout time.Duration
 }
 
-var workloadNames = []string{"burndown", "offered", "latency", "idle", "flow"}
+var workloadNames = []string{"burndown", "large", "offered", "latency", "idle", "flow"}
 
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	quick := fs.Bool("quick", false, "the under-a-minute-or-two variant: fewer jobs, shorter phases, one run each, no 10/s latency rate")
 	only := fs.String("only", "", "systems to run (comma-separated): backlog, backlog-discard, river, river-tuned, floor, graphile (default all, or backlog,river-tuned,floor,graphile with -quick)")
-	wls := fs.String("workloads", strings.Join(workloadNames, ","), "workloads to run (comma-separated): burndown, offered, latency, idle, flow (backlog only)")
+	wls := fs.String("workloads", "", "workloads to run (comma-separated): burndown, large (the burn-down of -large-jobs jobs), offered, latency, idle, flow (backlog only) (default all, or all but large with -quick)")
+	largeJobs := fs.Int("large-jobs", 1_000_000, "jobs of the large burn-down")
 	runs := fs.Int("runs", 0, "runs per system of every workload (flow: its burn-downs), reported as medians with their range (default 3, or 1 with -quick)")
 	jobs := fs.Int("jobs", 0, "burn-down jobs (default 200000, or 20000 with -quick)")
 	out := fs.String("out", "results/latest.md", "also write the report to this file (empty: stdout only)")
@@ -91,6 +95,7 @@ func parseFlags(args []string) (*config, error) {
 		c.latRates = []int{100, 1000}
 		c.latDurs = map[int]time.Duration{100: 2 * time.Second, 1000: 2 * time.Second}
 		c.totalTimeout = 5 * time.Minute
+		c.largeTimeout = time.Minute
 	} else {
 		c.runs, c.burnJobs, c.burnTimeout = 3, 200_000, 60*time.Second
 		c.idleDur = 30 * time.Second
@@ -98,7 +103,12 @@ func parseFlags(args []string) (*config, error) {
 		c.offeredWarmup, c.offeredDur, c.offeredDrain, c.offeredCap = 2*time.Second, 10*time.Second, 10*time.Second, 10*time.Minute
 		c.latRates = []int{10, 100, 1000}
 		c.latDurs = map[int]time.Duration{10: 10 * time.Second, 100: 5 * time.Second, 1000: 5 * time.Second}
-		c.totalTimeout = 45 * time.Minute
+		c.totalTimeout = 70 * time.Minute
+		c.largeTimeout = 5 * time.Minute
+	}
+	c.largeJobs = *largeJobs
+	if c.largeJobs < 1 {
+		return nil, fmt.Errorf("-large-jobs must be positive")
 	}
 	if *runs > 0 {
 		c.runs = *runs
@@ -120,6 +130,12 @@ func parseFlags(args []string) (*config, error) {
 	}
 	if c.only, err = parseList(systems, []string{"backlog", "backlog-discard", "river", "river-tuned", "floor", "graphile"}); err != nil {
 		return nil, fmt.Errorf("-only: %w", err)
+	}
+	if *wls == "" {
+		*wls = strings.Join(workloadNames, ",")
+		if c.quick {
+			*wls = strings.Join(slices.DeleteFunc(slices.Clone(workloadNames), func(w string) bool { return w == "large" }), ",")
+		}
 	}
 	if c.workloads, err = parseList(*wls, workloadNames); err != nil {
 		return nil, fmt.Errorf("-workloads: %w", err)

@@ -86,7 +86,7 @@ func run(cfg *config) error {
 	}
 	res := newResults()
 	phases := map[string]func(context.Context, *benchEnv, kind, *results){
-		"burndown": runBurndown, "offered": runOffered, "latency": runLatency, "idle": runIdle, "flow": runFlow,
+		"burndown": runBurndown, "large": runLarge, "offered": runOffered, "latency": runLatency, "idle": runIdle, "flow": runFlow,
 	}
 	for _, w := range workloadNames {
 		if !slices.Contains(cfg.workloads, w) {
@@ -96,6 +96,8 @@ func run(cfg *config) error {
 		switch w {
 		case "burndown":
 			defineBurndownRows(res)
+		case "large":
+			defineLargeRows(res, cfg.largeJobs)
 		case "offered":
 			defineOfferedRows(res, cfg.offeredRates)
 		case "latency":

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -95,24 +96,24 @@ const (
 )
 
 func allKinds(cfg *config) []kind {
-	all := map[string]bool{"burndown": true, "offered": true, "latency": true, "idle": true, "flow": true}
+	all := map[string]bool{"burndown": true, "large": true, "offered": true, "latency": true, "idle": true, "flow": true}
 	rt := &nodeRuntime{}
 	return []kind{
 		{key: "backlog", label: "backlog default", workloads: all,
 			note: fmt.Sprintf("backlog: backlog.New(ctx, pool, backlog.WithSchema(s)) and Work(ctx, h, backlog.Types(%q)); every other setting at its default (Concurrency %d, LISTEN/NOTIFY, notify interval %s, lease %s).",
 				benchType, backlogConcurrency, backlogNotifyInterval, backlogLease),
 			new: func(e *benchEnv, s string) system { return newBacklog(e, s, false) }},
-		{key: "backlog-discard", label: "backlog discard", workloads: map[string]bool{"burndown": true, "offered": true, "latency": true, "idle": true},
+		{key: "backlog-discard", label: "backlog discard", workloads: map[string]bool{"burndown": true, "large": true, "offered": true, "latency": true, "idle": true},
 			note: "backlog discard: as backlog default, with backlog.WithDiscardCompleted(): a completed job nobody needs kept (no result, no Wait, no dependents; every benchmark job) is deleted at completion instead of moved to job_history, as graphile-worker does with every job.",
 			new:  func(e *benchEnv, s string) system { return newBacklog(e, s, true) }},
-		{key: "river", label: "River default", workloads: all,
+		{key: "river", label: "River default", workloads: allBut(all, "large"), // its 200,000-job burn-down already times out
 			note: fmt.Sprintf("River default: one queue with MaxWorkers %d (River requires a number; 100 is the value its docs use), FetchCooldown %s and FetchPollInterval %s (its defaults). Both River columns run in their own schema through Config.Schema and rivermigrate's Config.Schema (no search_path), insert with Insert / InsertManyFast, and log warnings to stderr.",
 				riverDefaultWorkers, river.FetchCooldownDefault, river.FetchPollIntervalDefault),
 			new: func(e *benchEnv, s string) system { return newRiver(e, s, false) }},
 		{key: "river-tuned", label: "River tuned", workloads: all,
 			note: fmt.Sprintf("River tuned: the settings of River's own benchmark (riverbench): FetchCooldown %s, FetchPollInterval %s, MaxWorkers %d.", riverTunedCooldown, riverTunedPoll, riverTunedWorkers),
 			new:  func(e *benchEnv, s string) system { return newRiver(e, s, true) }},
-		{key: "floor", label: "raw SQL floor", workloads: map[string]bool{"burndown": true},
+		{key: "floor", label: "raw SQL floor", workloads: map[string]bool{"burndown": true, "large": true},
 			note: fmt.Sprintf("raw SQL floor: backlog's own claim and finish statements (internal/store Claim and Finish, imported from the library) in a bare loop: %d goroutines, each claiming up to %d jobs and completing them with one Finish statement; no acquirer, leases, heartbeat or NOTIFY. Jobs are inserted like backlog's (EnqueueMany).", cfg.floorConns, cfg.floorBatch),
 			new:  func(e *benchEnv, s string) system { return newFloor(e, s) }},
 		{key: "graphile", label: "graphile-worker", workloads: all,
@@ -126,4 +127,13 @@ func allKinds(cfg *config) []kind {
 				graphileConcurrency, graphileLocalQueue, graphileBatchDelay, cfg.poolConns),
 			new: func(e *benchEnv, s string) system { return newGraphile(e, s, rt) }},
 	}
+}
+
+// allBut returns ws without the workloads named.
+func allBut(ws map[string]bool, without ...string) map[string]bool {
+	out := maps.Clone(ws)
+	for _, w := range without {
+		delete(out, w)
+	}
+	return out
 }
