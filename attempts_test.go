@@ -2,7 +2,9 @@ package backlog_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -65,6 +67,65 @@ func TestAttemptFigures(t *testing.T) {
 	require.Equal(t, "w-figures", okInfo.Worker)
 	require.NotNil(t, okInfo.StartedAt)
 	require.NotNil(t, okInfo.FinishedAt)
+}
+
+// TestAttemptOutcomeOfAWrappedTimeout: a handler that returns its
+// context's cause wrapped has its timeout recorded as "timeout". Its
+// error text does not start with backlog's ("fetching the page: backlog:
+// job timeout"), from which finish() named the outcome before migration
+// 25: it was recorded as "error".
+func TestAttemptOutcomeOfAWrappedTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	stop := work(t, e.q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		<-ctx.Done()
+		return fmt.Errorf("fetching the page: %w", context.Cause(ctx))
+	}), backlog.Types("slow"))
+	defer func() { require.NoError(t, stop()) }()
+	id, err := e.q.Enqueue(ctx, "slow", nil, backlog.MaxAttempts(1), backlog.Timeout(50*time.Millisecond))
+	require.NoError(t, err)
+	info := e.waitState(id, 20*time.Second, backlog.StateFailed)
+	require.Len(t, info.Errors, 1)
+	require.Equal(t, "fetching the page: backlog: job timeout", info.Errors[0].Error)
+	require.Equal(t, "timeout", info.Errors[0].Outcome)
+}
+
+// TestAttemptOutcomeOfAWrappedLeaseLoss: the same for a lease lost
+// locally (renewals held off until its local deadline passed, as in
+// TestOutcomeWrittenAfterLocalLeaseLoss, the database still holding the
+// job under the attempt's token): "lease lost", recorded as "error"
+// before migration 25.
+func TestAttemptOutcomeOfAWrappedLeaseLoss(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithLease(time.Second), backlog.WithSweepInterval(time.Hour))
+	ctx := context.Background()
+	causes := make(chan error, 2)
+	work(t, e.q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return fmt.Errorf("uploading: %w", context.Cause(ctx))
+	}), backlog.Types("held"))
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	id, err := e.q.Enqueue(ctx, "held", nil, backlog.MaxAttempts(1))
+	require.NoError(t, err)
+	e.waitState(id, 5*time.Second, backlog.StateRunning)
+	_, err = tx.Exec(ctx, `UPDATE "`+e.schema+`".jobs SET lease_expires_at = now() + interval '1 hour' WHERE id = $1`, id)
+	require.NoError(t, err)
+	select {
+	case c := <-causes:
+		require.ErrorIs(t, c, backlog.ErrLeaseLost)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler was not told that its lease was lost")
+	}
+	require.NoError(t, tx.Commit(ctx))
+	info := e.waitState(id, 10*time.Second, backlog.StateFailed)
+	require.Equal(t, 1, info.Attempt)
+	require.Len(t, info.Errors, 1)
+	require.Equal(t, "uploading: backlog: lease lost", info.Errors[0].Error)
+	require.Equal(t, "lease lost", info.Errors[0].Outcome)
 }
 
 // TestAttemptFiguresLeaseExpired: the sweep records an attempt whose
@@ -241,4 +302,147 @@ SELECT count(*) FROM m`)
 func TestMigration23DownRestoresVersion22(t *testing.T) {
 	t.Parallel()
 	migrationDownRestores(t, 23)
+}
+
+// TestMigration25RollingUpgrade: processes of version 24 keep finishing
+// jobs against a schema at 0025. They send no outcomes: they call finish()
+// with 13 parameters, now a wrapper that names each outcome from its error
+// text as version 23 did and calls the finish() that takes them. One batch
+// sent as version 24's store sends it (its statement and arguments, in a
+// READ COMMITTED transaction of its own; here the claim is in it too, so
+// that now() is one instant and the figures exact): a completion, a retry
+// after a timeout, a failure after a panic, a retry of a job whose cancel
+// was requested, a plain error and a lease loss. Every row is written,
+// with the outcome version 23 named; the ended jobs are counted, with
+// their histograms and their wait and run time. retire(), which they call
+// unchanged and whose body 0025 changed too, counts a job finished in
+// place likewise.
+func TestMigration25RollingUpgrade(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	st, err := e.q.MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, st.Version, int64(25))
+	jobs := pgx.Identifier{e.schema, "jobs"}.Sanitize()
+	type sent struct {
+		state, err          string // err "": none
+		cancel              bool
+		wantState, wantOutc string
+	}
+	batch := []sent{
+		{state: "completed", wantState: "completed"},
+		{state: "available", err: "backlog: job timeout after 50ms: context deadline exceeded", wantState: "available", wantOutc: "timeout"},
+		{state: "failed", err: "panic: out of toner\n\ngoroutine 7", wantState: "failed", wantOutc: "panic"},
+		{state: "available", err: "boom", cancel: true, wantState: "cancelled", wantOutc: "cancelled"},
+		{state: "available", err: "printer on fire", wantState: "available", wantOutc: "error"},
+		{state: "failed", err: "backlog: lease lost: context canceled", wantState: "failed", wantOutc: "lease lost"},
+	}
+	n := len(batch)
+	ids, tokens, ms := make([]uuid.UUID, n), make([]uuid.UUID, n), make([]int, n)
+	states, errs := make([]string, n), make([]*string, n)
+	for i, b := range batch {
+		ids[i], err = e.q.Enqueue(ctx, "v24", nil)
+		require.NoError(t, err)
+		tokens[i], ms[i], states[i] = uuid.New(), i+1, b.state
+		if b.err != "" {
+			errs[i] = &b.err
+		}
+	}
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `UPDATE `+jobs+` j SET state = 'running', attempt = 1, lease_token = t.token,
+		lease_expires_at = now() + interval '1 minute', worker = 'v24', cancel_requested = t.cancel,
+		started_at = now() - t.i * 20 * interval '1 millisecond',
+		run_at = now() - t.i * 30 * interval '1 millisecond'
+		FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::boolean[]) AS t(id, token, i, cancel) WHERE j.id = t.id`,
+		ids, tokens, ms, []bool{false, false, false, true, false, false})
+	require.NoError(t, err)
+	// Version 24's finish statement (internal/store's fin.fast) and its
+	// arguments: no delays, no results, no progress, no outcomes.
+	rows, err := tx.Query(ctx, `SELECT id, state, status, txid_current(), (SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)) FROM `+
+		pgx.Identifier{e.schema, "finish"}.Sanitize()+
+		`($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $8::uuid[], $9, $10, $11, $12, $13::jsonb[])`,
+		pgx.QueryExecModeCacheDescribe, ids, tokens, states, make([]int64, n), make([]int32, n), make([]json.RawMessage, n), errs,
+		[][16]byte{}, e.schema+".backlog", int64(86400000), int64(604800000), 20, []json.RawMessage(nil))
+	require.NoError(t, err)
+	written := map[uuid.UUID]string{}
+	var id uuid.UUID
+	var state *string
+	var status int16
+	var xid int64
+	var tl string
+	_, err = pgx.ForEachRow(rows, []any{&id, &state, &status, &xid, &tl}, func() error {
+		require.Zero(t, status, "job %s", id)
+		written[id] = *state
+		return nil
+	})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Len(t, written, n)
+
+	for i, b := range batch {
+		info, err := e.q.Job(ctx, ids[i])
+		require.NoError(t, err)
+		require.Equal(t, backlog.State(b.wantState), info.State, "job %d", i)
+		if b.err == "" {
+			require.Empty(t, info.Errors)
+			continue
+		}
+		require.Len(t, info.Errors, 1, "job %d", i)
+		a := info.Errors[0]
+		require.Equal(t, b.wantOutc, a.Outcome, "job %d: %s", i, a.Error)
+		require.Equal(t, "v24", a.Worker)
+		require.Equal(t, time.Duration(ms[i]*20)*time.Millisecond, a.Duration, "job %d", i)
+	}
+
+	// Counted: jobs 0 (completed), 2 and 5 (failed), 3 (cancelled), waits
+	// of i*10 ms and runs of i*20 ms (i = index + 1).
+	counts := pgx.Identifier{e.schema, "job_counts"}.Sanitize()
+	type count struct {
+		n, waitMS, runMS, waitHist, runHist int64
+	}
+	got := map[string]count{}
+	rows, err = e.pool.Query(ctx, `SELECT state, sum(n)::bigint, sum(wait_ms)::bigint, sum(run_ms)::bigint,
+		sum((SELECT sum(x) FROM unnest(wait_hist) x))::bigint, sum((SELECT sum(x) FROM unnest(run_hist) x))::bigint
+		FROM `+counts+` WHERE type = 'v24' GROUP BY state`)
+	require.NoError(t, err)
+	var s string
+	var c count
+	_, err = pgx.ForEachRow(rows, []any{&s, &c.n, &c.waitMS, &c.runMS, &c.waitHist, &c.runHist}, func() error {
+		got[s] = c
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, map[string]count{
+		"completed": {1, 10, 20, 1, 1},
+		"failed":    {2, 30 + 60, 60 + 120, 2, 2},
+		"cancelled": {1, 40, 80, 1, 1},
+	}, got)
+
+	// retire() as version 24 calls it, on a job finished in place.
+	inPlace, err := e.q.Enqueue(ctx, "v24retired", nil)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `UPDATE `+jobs+` SET state = 'completed', attempt = 1, worker = 'v24', finished_at = now(),
+		started_at = now() - interval '70 milliseconds', run_at = now() - interval '100 milliseconds' WHERE id = $1`, inPlace)
+	require.NoError(t, err)
+	var retired int
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT `+pgx.Identifier{e.schema, "retire"}.Sanitize()+`($1, $2, $3)`,
+		1000, int64(86400000), int64(604800000)).Scan(&retired))
+	require.Equal(t, 1, retired)
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT sum(n)::bigint, sum(wait_ms)::bigint, sum(run_ms)::bigint,
+		sum((SELECT sum(x) FROM unnest(wait_hist) x))::bigint, sum((SELECT sum(x) FROM unnest(run_hist) x))::bigint
+		FROM `+counts+` WHERE type = 'v24retired'`).Scan(&c.n, &c.waitMS, &c.runMS, &c.waitHist, &c.runHist))
+	require.Equal(t, count{1, 30, 70, 1, 1}, c)
+}
+
+// TestMigration25DownRestoresVersion24: the functions and columns of a
+// schema migrated up and one step down from 0025 are those of a schema
+// migrated to 0024 (finish() and retire() of version 23, latency_hist()
+// with its version 23 body; no finish() with outcomes, no
+// attempt_outcome()).
+func TestMigration25DownRestoresVersion24(t *testing.T) {
+	t.Parallel()
+	migrationDownRestores(t, 25)
 }

@@ -252,7 +252,11 @@ type AttemptError struct {
 	// one), "timeout" (the job's timeout passed), "panic", "lease lost"
 	// (the worker could not renew its lease), "lease expired" (the worker
 	// stopped renewing it: crashed or cut off; found by the sweep) or
-	// "cancelled".
+	// "cancelled". The worker decides it from the handler's error and the
+	// cause of its context's end (errors.Is: an error wrapping
+	// ErrJobTimeout or ErrLeaseLost counts) and records it with the
+	// error; before schema version 25 it was read from the error text's
+	// prefix, and workers of earlier versions still have it read so.
 	Outcome string `json:"outcome,omitempty"`
 }
 

@@ -292,7 +292,7 @@ func (w *workCall) attempt(c *claimed) (*Job, store.Finish, error) {
 func (w *workCall) notStarted(c *claimed, why error) store.Finish {
 	switch {
 	case errors.Is(why, ErrCancelled):
-		return store.Finish{ID: c.ID, Token: c.Token, State: string(StateCancelled), Err: store.ErrorText(why)}
+		return store.Finish{ID: c.ID, Token: c.Token, State: string(StateCancelled), Err: store.ErrorText(why), Outcome: attemptCancelled}
 	case errors.Is(why, errHeldBack):
 		// Paused, or its limits tightened, since it was claimed: it goes
 		// back, to be claimed under the new rules.
@@ -343,11 +343,11 @@ func (w *workCall) outcome(c *claimed, job *Job, err, cause, fail error) store.F
 	var snooze *snoozeError
 	switch {
 	case fail != nil:
-		f.State, f.Err = string(StateFailed), store.ErrorText(fail)
+		f.State, f.Err, f.Outcome = string(StateFailed), store.ErrorText(fail), attemptError
 	case err == nil:
 		res, rerr := job.result()
 		if rerr != nil {
-			f.State, f.Err = string(StateFailed), store.ErrorText(errors.Unwrap(rerr)) // the InputError, without "permanent: "
+			f.State, f.Err, f.Outcome = string(StateFailed), store.ErrorText(errors.Unwrap(rerr)), attemptError // the InputError, without "permanent: "
 			return f
 		}
 		f.State, f.Result, f.Discard = string(StateCompleted), res, w.q.cfg.discards(c.Type)
@@ -370,13 +370,52 @@ func (w *workCall) outcome(c *claimed, job *Job, err, cause, fail error) store.F
 	if f.Err == nil && err != nil && f.State == string(StateFailed) {
 		f.Err = store.ErrorText(err)
 	}
+	if f.Err != nil && f.Outcome == "" {
+		f.Outcome = attemptOutcome(err, cause)
+	}
 	return f
+}
+
+// The outcomes of an attempt that did not succeed, as its error entry
+// records them (AttemptError.Outcome). The sweep writes the sixth, "lease
+// expired", itself.
+const (
+	attemptError     = "error"
+	attemptTimeout   = "timeout"
+	attemptPanic     = "panic"
+	attemptLeaseLost = "lease lost"
+	attemptCancelled = "cancelled"
+)
+
+// attemptOutcome names how an attempt ended whose handler returned err
+// after its context ended with cause (nil: it did not end). It is decided
+// here, from the error values, and sent to the database as data (since
+// migration 25 finish() takes it): the error's text may say nothing of it
+// (a handler returning fmt.Errorf("fetching: %w", context.Cause(ctx))
+// gets no prefix from withCause), and before, finish() read the outcome
+// from the text's prefix, recording such a timeout or lease loss as
+// "error". The order is that of those prefixes: the cause of the
+// context's end comes before a panic it may have led to.
+func attemptOutcome(err, cause error) string {
+	var p *panicError
+	switch {
+	case errors.Is(cause, ErrCancelled) || errors.Is(err, ErrCancelled):
+		return attemptCancelled
+	case errors.Is(cause, ErrJobTimeout) || errors.Is(err, ErrJobTimeout):
+		return attemptTimeout
+	case errors.Is(cause, ErrLeaseLost) || errors.Is(err, ErrLeaseLost):
+		return attemptLeaseLost
+	case errors.As(err, &p):
+		return attemptPanic
+	default:
+		return attemptError
+	}
 }
 
 // withCause prefixes err with why the handler's context ended, when it
 // was the job's timeout or a lost lease and err does not say so: the
-// error text (and the outcome finish() reads from it: "timeout", "lease
-// lost") names the cause.
+// error text names the cause. (The outcome recorded beside it is decided
+// from the values, by attemptOutcome, not from this text.)
 func withCause(err, cause error, job *Job) error {
 	if errors.Is(cause, ErrJobTimeout) && !errors.Is(err, ErrJobTimeout) {
 		err = fmt.Errorf("%w after %s: %w", ErrJobTimeout, job.Timeout, err)

@@ -37,6 +37,13 @@ type Finish struct {
 	AttemptDelta int           // GiveAttemptBack: the attempt is not spent (snooze, release)
 	Result       json.RawMessage
 	Err          *string // appended to the error history when set
+	// Outcome, with Err, names how the attempt ended, as its error entry
+	// records it (AttemptError.Outcome: error, timeout, panic, lease lost,
+	// cancelled; "" is error). The caller decides it from the error values
+	// (the error text is not read); only the database's own decision
+	// overrides it: a retry of a job whose cancel was requested ends
+	// cancelled, and so does its outcome.
+	Outcome string
 	// Progress is the job's latest progress, written with the outcome
 	// (nil: unchanged).
 	Progress json.RawMessage
@@ -113,13 +120,16 @@ func (s *Store) buildFinish() {
 	// The finish: fenced by id, lease token and state; a cancel request
 	// turns a retry into cancelled; completion clears the current error
 	// (the history keeps it). Rows are locked FOR UPDATE, the lock every
-	// move to a terminal state takes (see graph.go), in ID order.
+	// move to a terminal state takes (see graph.go), in ID order. Each
+	// error entry's outcome is the one the process sent ($14 of finish(),
+	// $10 here; NULL: error), but 'cancelled' where the job ends
+	// cancelled: the process cannot know of a cancel requested meanwhile.
 	f.fast = `SELECT id, state, status, txid_current(), (SELECT ` + timelineSQL + `) FROM ` + pgx.Identifier{s.schema, "finish"}.Sanitize() +
-		`($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $8::uuid[], $9, $10, $11, $12, $13::jsonb[])`
+		`($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $8::uuid[], $9, $10, $11, $12, $13::jsonb[], $14::text[])`
 	stmt := func(lock string) string {
 		return `WITH f AS (
-	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $9::jsonb[])
-	       AS t(id, token, state, delay_ms, attempt_delta, result, err, progress)
+	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::integer[], $6::jsonb[], $7::text[], $9::jsonb[], $10::text[])
+	       AS t(id, token, state, delay_ms, attempt_delta, result, err, progress, outcome)
 ), l AS (
 	SELECT j.id FROM ` + s.jobs + ` j JOIN f ON j.id = f.id
 	WHERE j.lease_token = f.token AND j.state = 'running'
@@ -135,7 +145,8 @@ func (s *Store) buildFinish() {
 		last_error = CASE WHEN f.state = 'completed' THEN NULL
 		                  WHEN j.cancel_requested AND f.state = 'available' THEN 'cancelled by request' || COALESCE('; its last attempt ended with: ' || f.err, '')
 		                  ELSE COALESCE(f.err, j.last_error) END,
-		errors = CASE WHEN f.err IS NULL THEN j.errors ELSE ` + errorsAppend("j.attempt", "f.err", outcomeOfErr("f.state", "f.err")) + ` END,
+		errors = CASE WHEN f.err IS NULL THEN j.errors ELSE ` + errorsAppend("j.attempt", "f.err",
+			`CASE WHEN f.state = 'cancelled' OR j.cancel_requested AND f.state = 'available' THEN 'cancelled' ELSE COALESCE(f.outcome, 'error') END`) + ` END,
 		lease_token = NULL, lease_expires_at = NULL,
 		finished_at = CASE WHEN f.state IN ('completed', 'failed', 'cancelled') OR j.cancel_requested THEN now() END
 	FROM f, l WHERE j.id = f.id AND j.id = l.id
@@ -216,6 +227,7 @@ type finishArrays struct {
 	deltas      []int32
 	results     []json.RawMessage
 	errs        []*string
+	outcomes    []*string         // beside each error; nil when no job has one
 	progress    []json.RawMessage // nil when no job has any
 }
 
@@ -235,6 +247,13 @@ func finishArraysOf(fs []Finish, discard bool) finishArrays {
 			a.delays[i] = -1 // KeepRunAt
 		}
 		a.results[i], a.errs[i] = f.Result, f.Err
+		if f.Err != nil && f.Outcome != "" {
+			if a.outcomes == nil {
+				a.outcomes = make([]*string, n)
+			}
+			o := f.Outcome
+			a.outcomes[i] = &o
+		}
 		if f.Progress != nil {
 			if a.progress == nil {
 				a.progress = make([]json.RawMessage, n)
@@ -246,7 +265,8 @@ func finishArraysOf(fs []Finish, discard bool) finishArrays {
 }
 
 // Finish writes outcomes of jobs without dependents in one statement (the
-// function finish() of migration 6), one round trip and no explicit
+// function finish() of migration 6; its attempts' outcomes as data since
+// migration 25), one round trip and no explicit
 // transaction: terminal outcomes move the job to job_history, retries are
 // written in place. Each write is fenced by id, lease token and state
 // running.
@@ -298,7 +318,7 @@ func (s *Store) finishOnce(ctx context.Context, a *finishArrays, exclude [][16]b
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after the commit: does nothing
 	rows, err := tx.Query(ctx, s.fin.fast, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs,
-		exclude, s.channel, s.keepCompleted.Milliseconds(), s.keepFailed.Milliseconds(), MaxErrors, a.progress)
+		exclude, s.channel, s.keepCompleted.Milliseconds(), s.keepFailed.Milliseconds(), MaxErrors, a.progress, a.outcomes)
 	if err != nil {
 		return FinishResult{}, nil, err
 	}
@@ -364,7 +384,7 @@ func (s *Store) FinishGraph(ctx context.Context, fs []Finish, wait bool) (Finish
 	var res FinishResult
 	err := s.runGraphTx(ctx, timeout, func(tx pgx.Tx, plan *lockPlan) error {
 		res = FinishResult{Status: make(map[uuid.UUID]FinishStatus, n), State: make(map[uuid.UUID]string, n)}
-		rows, err := tx.Query(ctx, stmt, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs, s.channel, a.progress)
+		rows, err := tx.Query(ctx, stmt, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs, s.channel, a.progress, a.outcomes)
 		if err != nil {
 			return err
 		}

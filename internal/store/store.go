@@ -240,22 +240,14 @@ func ids16(ids []uuid.UUID) [][16]byte {
 // errorsAppend is the SQL expression that appends one attempt's entry to
 // j.errors, keeping at most MaxErrors entries: its error and, as finish()
 // writes them since migration 23, the attempt's worker, start, run time
-// (ms) and outcome. attempt, errText and outcome are SQL expressions.
+// (ms) and outcome. attempt, errText and outcome are SQL expressions; the
+// outcome is never derived from the error text (the process decides it,
+// see Finish.Outcome).
 func errorsAppend(attempt, errText, outcome string) string {
 	return fmt.Sprintf(`(CASE WHEN jsonb_array_length(j.errors) >= %d THEN j.errors - 0 ELSE j.errors END)
 		|| jsonb_build_array(jsonb_build_object('attempt', %s, 'at', now(), 'error', %s, 'worker', j.worker,
 		'started_at', j.started_at, 'ms', round(extract(epoch FROM now() - j.started_at) * 1000)::bigint, 'outcome', %s))`,
 		MaxErrors, attempt, errText, outcome)
-}
-
-// outcomeOfErr is the SQL expression naming the outcome of an attempt
-// that ended with the error text errText in the state state, as finish()
-// of migration 23 names it: from backlog's own error texts.
-func outcomeOfErr(state, errText string) string {
-	return `CASE WHEN ` + state + ` = 'cancelled' OR ` + errText + ` LIKE 'backlog: job cancelled%' THEN 'cancelled'
-		WHEN ` + errText + ` LIKE 'backlog: job timeout%' THEN 'timeout'
-		WHEN ` + errText + ` LIKE 'backlog: lease lost%' THEN 'lease lost'
-		WHEN ` + errText + ` LIKE 'panic:%' THEN 'panic' ELSE 'error' END`
 }
 
 // Avail is a job a statement made available (now or at RunAt): what a

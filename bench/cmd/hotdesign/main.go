@@ -161,11 +161,14 @@ CREATE TABLE ` + h + `_2 PARTITION OF ` + h + ` FOR VALUES FROM (now() + interva
 		{name: "finish-fn",
 			// backlog's own finish() (what the completer calls): the move
 			// with its fencing, counters, notices and dependents' check.
+			// Called with the arguments the completer sends for a batch
+			// of completions (version 25: progress and outcomes NULL).
 			retryBusy: true,
 			finish: `SELECT id, status FROM ` + schema + `.finish($1::uuid[], $2::uuid[],
 	array_fill('completed'::text, ARRAY[cardinality($1::uuid[])]), array_fill(0::bigint, ARRAY[cardinality($1::uuid[])]),
 	array_fill(0, ARRAY[cardinality($1::uuid[])]), array_fill(NULL::jsonb, ARRAY[cardinality($1::uuid[])]),
-	array_fill(NULL::text, ARRAY[cardinality($1::uuid[])]), '{}'::uuid[], 'hotdesign', 86400000, 604800000, 10)
+	array_fill(NULL::text, ARRAY[cardinality($1::uuid[])]), '{}'::uuid[], 'hotdesign', 86400000, 604800000, 10,
+	NULL::jsonb[], NULL::text[])
 WHERE status = 1`,
 			retire: func(ctx context.Context, c *pgx.Conn) error {
 				_, err := c.Exec(ctx, `VACUUM `+schema+`.jobs`)
@@ -179,7 +182,7 @@ WHERE status = 1`,
 	array_fill('discarded'::text, ARRAY[cardinality($1::uuid[])]), array_fill(0::bigint, ARRAY[cardinality($1::uuid[])]),
 	array_fill(0, ARRAY[cardinality($1::uuid[])]), array_fill(NULL::jsonb, ARRAY[cardinality($1::uuid[])]),
 	array_fill(NULL::text, ARRAY[cardinality($1::uuid[])]), '{}'::uuid[], 'hotdesign', 86400000, 604800000, 10,
-	array_fill(NULL::jsonb, ARRAY[cardinality($1::uuid[])]))
+	NULL::jsonb[], NULL::text[])
 WHERE status = 1`,
 			retire: func(ctx context.Context, c *pgx.Conn) error {
 				_, err := c.Exec(ctx, `VACUUM `+schema+`.jobs`)
