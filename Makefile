@@ -23,10 +23,11 @@ test-short:
 lint:
 	scripts/lint.sh
 
-# Regenerates api/backlog.txt, the record of the exported API that make
-# test checks (internal/apicheck; docs/compatibility.md). It refuses to
-# record an API change unless CHANGELOG.md's "## Unreleased" section
-# changed too; run it again after any edit of that section.
+# Regenerates api/backlog.txt and api/otelbacklog.txt, the records of the
+# exported API that make test checks (internal/apicheck;
+# docs/compatibility.md). It refuses to record an API change unless
+# CHANGELOG.md's "## Unreleased" section changed too; run it again after
+# any edit of that section.
 api:
 	$(GO) run ./internal/apicheck/apirecord
 

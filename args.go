@@ -86,60 +86,80 @@ func Spec(args JobArgs, opts ...EnqueueOption) JobSpec {
 	return JobSpec{Args: args, Options: opts}
 }
 
-// resolve returns the job type and the options of s: for a spec whose
-// Args is a JobArgs, the args' Kind (Type, when set, must equal it) and
-// the args' default options before the spec's own; for any other spec,
-// its Type and Options.
-func (s JobSpec) resolve() (string, []EnqueueOption, error) {
+// A resolvedSpec is a JobSpec whose args were asked, once, for their Kind
+// and default options (JobSpec.resolve): the enqueue hooks report typ and
+// buildJob builds the row from it, so that neither asks the args again
+// nor validates the Kind again.
+type resolvedSpec struct {
+	JobSpec
+	typ      string          // Type, or else the args' Kind ("" when neither says)
+	defaults []EnqueueOption // the args' default options, which apply before Options
+	err      error           // what is wrong with the args, reported by buildJob
+}
+
+// options are the spec's options as they apply: the args' defaults first.
+func (r resolvedSpec) options() []EnqueueOption {
+	if len(r.defaults) == 0 {
+		return r.Options
+	}
+	return append(r.defaults[:len(r.defaults):len(r.defaults)], r.Options...)
+}
+
+// resolveAll resolves every spec.
+func resolveAll(specs []JobSpec) []resolvedSpec {
+	out := make([]resolvedSpec, len(specs))
+	for i, s := range specs {
+		out[i] = s.resolve()
+	}
+	return out
+}
+
+// resolve asks s's args, when they are a JobArgs, for their Kind, checked
+// (Type, when set, must equal it), and their default options; any other
+// spec is its Type and Options.
+func (s JobSpec) resolve() resolvedSpec {
+	r := resolvedSpec{JobSpec: s, typ: s.Type}
 	a, ok := s.Args.(JobArgs)
 	if !ok {
-		return s.Type, s.Options, nil
+		return r
+	}
+	if nilPointer(a) {
+		r.err = invalid("args", "nil %T", a)
+		return r
 	}
 	t := reflect.TypeOf(a)
-	if t.Kind() == reflect.Pointer && reflect.ValueOf(a).IsNil() {
-		return "", nil, invalid("args", "nil %T", a)
-	}
 	kind := a.Kind()
+	if s.Type == "" {
+		r.typ = kind
+	}
 	if err := validateKind(t, kind); err != nil {
-		return "", nil, err
+		r.err = err
+		return r
 	}
 	if s.Type != "" && s.Type != kind {
-		return "", nil, invalid("type", "%q differs from the Kind of its args, %T: %q (leave the type empty, or enqueue with EnqueueArgs)", s.Type, a, kind)
+		r.err = invalid("type", "%q differs from the Kind of its args, %T: %q (leave the type empty, or enqueue with EnqueueArgs)", s.Type, a, kind)
+		return r
 	}
-	opts := s.Options
 	d, ok := a.(JobArgsWithOptions)
 	if !ok && t.Kind() != reflect.Pointer && reflect.PointerTo(t).Implements(withOptions) {
 		// Its defaults would be silently left out.
-		return "", nil, invalid("options", "%s declares EnqueueOptions on its pointer, *%s, which a %s value does not have: "+
+		r.err = invalid("options", "%s declares EnqueueOptions on its pointer, *%s, which a %s value does not have: "+
 			"declare it on the value (func (a %s) EnqueueOptions), or enqueue a pointer", t, t, t, t.Name())
+		return r
 	}
 	if ok {
-		def := d.EnqueueOptions()
-		for _, o := range def {
+		r.defaults = d.EnqueueOptions()
+		for _, o := range r.defaults {
 			if o == nil {
-				return "", nil, invalid("options", "nil option among the EnqueueOptions of %T", a)
+				r.err = invalid("options", "nil option among the EnqueueOptions of %T", a)
+				return r
 			}
 		}
-		if len(def) > 0 {
-			opts = append(def[:len(def):len(def)], s.Options...)
-		}
 	}
-	return kind, opts, nil
+	return r
 }
 
 var withOptions = reflect.TypeFor[JobArgsWithOptions]()
-
-// kind is the job type of s as the hooks report it: Type, or its args'
-// Kind ("" when neither says).
-func (s JobSpec) kind() string {
-	if s.Type != "" {
-		return s.Type
-	}
-	if a, ok := s.Args.(JobArgs); ok && !nilPointer(a) {
-		return a.Kind()
-	}
-	return ""
-}
 
 // validateKind checks the Kind of the args type t.
 func validateKind(t reflect.Type, kind string) error {
@@ -154,18 +174,21 @@ func validateKind(t reflect.Type, kind string) error {
 	return err
 }
 
-// kindOf returns the Kind of the args type T, from its zero value (a
-// pointer type's from a pointer to a zero value), with T's reflect type.
-func kindOf[T JobArgs]() (string, reflect.Type) {
-	t := reflect.TypeFor[T]()
-	var v T
+// argsKind returns the Kind of the args type t (a JobArgs type), from
+// its zero value (a pointer type's from a pointer to a zero value). ok is
+// false when t is an interface type, whose zero value has no Kind.
+// backlogtest finds kinds with it too (internal/testbridge).
+func argsKind(t reflect.Type) (kind string, ok bool) {
+	var v reflect.Value
 	switch t.Kind() {
 	case reflect.Interface:
-		panic(invalid("args", "HandleArgs needs a concrete args type, not the interface %s", t))
+		return "", false
 	case reflect.Pointer:
-		v = reflect.New(t.Elem()).Interface().(T)
+		v = reflect.New(t.Elem())
+	default:
+		v = reflect.Zero(t)
 	}
-	return v.Kind(), t
+	return v.Interface().(JobArgs).Kind(), true
 }
 
 // ErrArgsDecode matches (with errors.Is) the error of a typed handler's
@@ -191,7 +214,11 @@ var ErrArgsDecode = errors.New("backlog: args do not decode")
 // HandleArgs for the same or another args type or by Handle or
 // HandleFunc: the message names the kind and both registrations.
 func HandleArgs[T JobArgs](m *Mux, f func(ctx context.Context, job *Job, args T) error, opts ...HandleOption) {
-	kind, t := kindOf[T]()
+	t := reflect.TypeFor[T]()
+	kind, ok := argsKind(t)
+	if !ok {
+		panic(invalid("args", "HandleArgs needs a concrete args type, not the interface %s", t))
+	}
 	if err := validateKind(t, kind); err != nil {
 		panic(err)
 	}
@@ -200,7 +227,7 @@ func HandleArgs[T JobArgs](m *Mux, f func(ctx context.Context, job *Job, args T)
 	}
 	h := HandlerFunc(func(ctx context.Context, job *Job) error {
 		var args T
-		if err := decodeArgs(job, &args); err != nil {
+		if err := decodeArgs(job, &args, t); err != nil {
 			return err
 		}
 		return f(ctx, job, args)
@@ -208,16 +235,27 @@ func HandleArgs[T JobArgs](m *Mux, f func(ctx context.Context, job *Job, args T)
 	m.handle(kind, h, t.String(), opts)
 }
 
-// decodeArgs decodes the job's args into v (a pointer to a JobArgs), or
-// returns the permanent error that fails the attempt.
-func decodeArgs(job *Job, v any) error {
-	t := reflect.TypeOf(v).Elem()
-	if a := bytes.TrimSpace(job.Args); len(a) == 0 || string(a) == "null" {
+// decodeArgs decodes the job's args into v, a pointer to a JobArgs of
+// type t, or returns the permanent error that fails the attempt.
+func decodeArgs(job *Job, v any, t reflect.Type) error {
+	null, err := unmarshalArgs(job.Args, v)
+	switch {
+	case null:
 		return Permanent(fmt.Errorf("%w: job %s (kind %q) has null args, which would leave a %s unset",
 			ErrArgsDecode, job.ID, job.Type, t))
-	}
-	if err := json.Unmarshal(job.Args, v); err != nil {
+	case err != nil:
 		return Permanent(fmt.Errorf("%w: job %s (kind %q) into %s: %w", ErrArgsDecode, job.ID, job.Type, t, err))
 	}
 	return nil
+}
+
+// unmarshalArgs decodes a job's JSON args into v (a pointer to a JobArgs)
+// as a typed handler gets them. null reports args that are JSON null or
+// empty, which would leave the value unset: they are refused, not
+// decoded. backlogtest decodes with it too (internal/testbridge).
+func unmarshalArgs(args []byte, v any) (null bool, err error) {
+	if a := bytes.TrimSpace(args); len(a) == 0 || string(a) == "null" {
+		return true, nil
+	}
+	return false, json.Unmarshal(args, v)
 }

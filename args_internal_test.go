@@ -26,7 +26,7 @@ func BenchmarkBuildBatch(b *testing.B) {
 		}
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, _, err := buildBatch(specs); err != nil {
+			if _, _, err := buildBatch(resolveAll(specs)); err != nil {
 				b.Fatal(err)
 			}
 		}

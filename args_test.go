@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -547,6 +548,44 @@ func TestTypedEnqueueHooksAndSchedules(t *testing.T) {
 	require.Equal(t, "order.charge", info.Type)
 	require.Equal(t, map[string]string{"region": "eu", "team": "billing"}, info.Tags)
 	require.Equal(t, 8, info.Priority)
+}
+
+// countedArgs counts the calls of its Kind and EnqueueOptions (only
+// TestTypedEnqueueAsksItsArgsOnce uses it).
+type countedArgs struct{ N int }
+
+var countedKind, countedOptions atomic.Int32
+
+func (countedArgs) Kind() string { countedKind.Add(1); return "counted" }
+
+func (countedArgs) EnqueueOptions() []backlog.EnqueueOption {
+	countedOptions.Add(1)
+	return []backlog.EnqueueOption{backlog.Priority(3)}
+}
+
+// TestTypedEnqueueAsksItsArgsOnce: a typed enqueue asks its args for
+// their Kind and default options once per job, with the enqueue hooks
+// set, which report the kind.
+func TestTypedEnqueueAsksItsArgsOnce(t *testing.T) {
+	t.Parallel()
+	var types []string
+	e := newEnv(t, backlog.WithHooks(backlog.Hooks{
+		Enqueuing: func(ctx context.Context, ev backlog.EnqueueEvent) (context.Context, map[string]string) {
+			return ctx, nil
+		},
+		Enqueued: func(_ context.Context, ev backlog.EnqueueEvent) { types = append(types, ev.Type) },
+	}))
+	ctx := context.Background()
+	id, err := e.q.EnqueueArgs(ctx, countedArgs{N: 1})
+	require.NoError(t, err)
+	_, err = e.q.EnqueueMany(ctx, []backlog.JobSpec{backlog.Spec(countedArgs{N: 2}), backlog.Spec(countedArgs{N: 3})})
+	require.NoError(t, err)
+	require.Equal(t, int32(3), countedKind.Load(), "Kind calls for 3 jobs")
+	require.Equal(t, int32(3), countedOptions.Load(), "EnqueueOptions calls for 3 jobs")
+	require.Equal(t, []string{"counted", "counted"}, types)
+	info, err := e.q.Job(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, 3, info.Priority)
 }
 
 // strictArgs refuses fields it does not know, as docs/typed-jobs.md shows.

@@ -108,26 +108,27 @@ func (q *Queue) enqueue(ctx context.Context, tx store.DB, specs []JobSpec) ([]uu
 	return ids, nil
 }
 
-// insert is insertSpecs with the Enqueuing and Enqueued hooks.
+// insert is insertSpecs with the Enqueuing and Enqueued hooks. The specs'
+// args are asked for their Kind and default options once, here, for both.
 func (q *Queue) insert(ctx context.Context, tx store.DB, queueTx bool, specs []JobSpec) (out []Inserted, posts []posting.Posting, err error) {
+	rs := resolveAll(specs)
 	if hooks := q.cfg.hooks; hooks.Enqueuing != nil || hooks.Enqueued != nil {
-		var enqueued func([]Inserted, error)
-		specs, enqueued = q.enqueueHooks(ctx, specs)
+		enqueued := q.enqueueHooks(ctx, rs)
 		defer func() { enqueued(out, err) }()
 	}
-	return q.insertSpecs(ctx, tx, queueTx, specs)
+	return q.insertSpecs(ctx, tx, queueTx, rs)
 }
 
-// enqueueHooks calls the Enqueuing hook for specs and returns them with
-// the metadata it gave, and the function that calls the Enqueued hook
+// enqueueHooks calls the Enqueuing hook for specs and adds the metadata
+// it gave to them, and returns the function that calls the Enqueued hook
 // with the insert's outcome (with the context Enqueuing returned).
-func (q *Queue) enqueueHooks(ctx context.Context, specs []JobSpec) ([]JobSpec, func([]Inserted, error)) {
+func (q *Queue) enqueueHooks(ctx context.Context, specs []resolvedSpec) func([]Inserted, error) {
 	hooks := q.cfg.hooks
 	typ := ""
 	for i, s := range specs {
 		if i == 0 {
-			typ = s.kind()
-		} else if s.kind() != typ {
+			typ = s.typ
+		} else if s.typ != typ {
 			typ = ""
 			break
 		}
@@ -138,11 +139,11 @@ func (q *Queue) enqueueHooks(ctx context.Context, specs []JobSpec) ([]JobSpec, f
 		if c != nil {
 			hctx = c
 		}
-		specs = withMetadata(specs, meta)
+		withMetadata(specs, meta)
 	}
 	start := time.Now()
 	n := len(specs)
-	return specs, func(out []Inserted, err error) {
+	return func(out []Inserted, err error) {
 		h := hooks.Enqueued
 		if h == nil {
 			return
@@ -157,25 +158,23 @@ func (q *Queue) enqueueHooks(ctx context.Context, specs []JobSpec) ([]JobSpec, f
 	}
 }
 
-// withMetadata returns specs with meta put before each one's options, so
-// that the jobs' own Metadata options win; specs itself is not changed.
-func withMetadata(specs []JobSpec, meta map[string]string) []JobSpec {
+// withMetadata puts meta before each spec's options (after its args'
+// defaults), so that the jobs' own Metadata options win. The caller's
+// slices of options are not changed.
+func withMetadata(specs []resolvedSpec, meta map[string]string) {
 	if len(meta) == 0 {
-		return specs
+		return
 	}
 	opt := Metadata(meta)
-	out := make([]JobSpec, len(specs))
-	for i, s := range specs {
-		s.Options = append([]EnqueueOption{opt}, s.Options...)
-		out[i] = s
+	for i := range specs {
+		specs[i].Options = append([]EnqueueOption{opt}, specs[i].Options...)
 	}
-	return out
 }
 
 // insertSpecs validates and inserts specs: in tx when given (the caller's,
 // or, with queueTx, one of the Queue's whose commit the caller announces with
 // the returned postings), else in a statement of its own.
-func (q *Queue) insertSpecs(ctx context.Context, tx store.DB, queueTx bool, specs []JobSpec) ([]Inserted, []posting.Posting, error) {
+func (q *Queue) insertSpecs(ctx context.Context, tx store.DB, queueTx bool, specs []resolvedSpec) ([]Inserted, []posting.Posting, error) {
 	if q.isClosed() {
 		return nil, nil, ErrClosed
 	}
@@ -192,7 +191,7 @@ func (q *Queue) insertSpecs(ctx context.Context, tx store.DB, queueTx bool, spec
 	if err := q.checkIDs(ctx, tx, specs); err != nil {
 		return nil, nil, err
 	}
-	if tx != nil && !queueTx && (graph || slices.ContainsFunc(specs, func(s JobSpec) bool { return s.ID != uuid.Nil })) {
+	if tx != nil && !queueTx && (graph || slices.ContainsFunc(specs, func(s resolvedSpec) bool { return s.ID != uuid.Nil })) {
 		// The database judges some of this input (an unknown prerequisite,
 		// an ID taken since checkIDs) after the batch's statements took
 		// locks or wrote rows: in a savepoint, a rejected batch leaves the
@@ -271,7 +270,7 @@ func (q *Queue) insertJobs(ctx context.Context, tx store.DB, queueTx bool, jobs 
 // checkIDs refuses IDs the caller set that name an existing job: a
 // finished job's ID would otherwise be taken again (finished jobs are out
 // of the jobs table and its primary key). Generated IDs are new.
-func (q *Queue) checkIDs(ctx context.Context, tx store.DB, specs []JobSpec) error {
+func (q *Queue) checkIDs(ctx context.Context, tx store.DB, specs []resolvedSpec) error {
 	var ids []uuid.UUID
 	for _, s := range specs {
 		if s.ID != uuid.Nil {

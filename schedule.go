@@ -85,12 +85,12 @@ func (q *Queue) addSchedule(name string, kind ScheduleKind, spec string, p perio
 	}
 	// The options as the job gets them: an args type's defaults first,
 	// so that a CatchUp or DependsOn among them is seen too.
-	_, resolved, err := JobSpec{Type: typ, Args: args, Options: opts}.resolve()
-	if err != nil {
-		return err
+	js := JobSpec{Type: typ, Args: args, Options: opts}.resolve()
+	if js.err != nil {
+		return js.err
 	}
 	c := enqueueConfig{}
-	for _, o := range resolved {
+	for _, o := range js.options() {
 		if o != nil {
 			o.applyEnqueue(&c)
 		}
@@ -108,7 +108,8 @@ func (q *Queue) addSchedule(name string, kind ScheduleKind, spec string, p perio
 		return invalid("depends on", "periodic jobs cannot depend on other jobs")
 	}
 	// Validate the job once now, so bad input fails at registration.
-	job, err := buildJob(JobSpec{Type: typ, Args: args, Options: jobOpts})
+	js.Options = jobOpts
+	job, err := buildJob(js)
 	if err != nil {
 		return err
 	}

@@ -30,7 +30,7 @@ type JobSpec struct {
 
 // buildBatch validates specs and turns them into rows; graph reports
 // whether any job uses dependencies, ordering or unique keys.
-func buildBatch(specs []JobSpec) ([]store.GraphJob, bool, error) {
+func buildBatch(specs []resolvedSpec) ([]store.GraphJob, bool, error) {
 	if len(specs) > MaxBatchJobs {
 		return nil, false, invalid("jobs", "%d jobs in one call exceeds the limit of %d (split the batch; inside one transaction, call EnqueueManyTx several times)", len(specs), MaxBatchJobs)
 	}
@@ -118,20 +118,21 @@ func findCycle(jobs []store.GraphJob, index map[uuid.UUID]int) []uuid.UUID {
 }
 
 // buildJob validates one spec and turns it into a row.
-func buildJob(s JobSpec) (store.GraphJob, error) {
-	typ, opts, err := s.resolve()
-	if err != nil {
-		return store.GraphJob{}, err
+func buildJob(s resolvedSpec) (store.GraphJob, error) {
+	if s.err != nil {
+		return store.GraphJob{}, s.err
 	}
 	c := enqueueConfig{priority: DefaultPriority, maxAttempts: DefaultMaxAttempts}
-	for _, o := range opts {
+	for _, o := range s.options() {
 		if o == nil {
 			return store.GraphJob{}, invalid("options", "nil option")
 		}
 		o.applyEnqueue(&c)
 	}
-	if err := validateType(typ); err != nil {
-		return store.GraphJob{}, err
+	if _, typed := s.Args.(JobArgs); !typed { // resolve validated a Kind
+		if err := validateType(s.typ); err != nil {
+			return store.GraphJob{}, err
+		}
 	}
 	args, err := encodeArgs(s.Args)
 	if err != nil {
@@ -197,7 +198,7 @@ func buildJob(s JobSpec) (store.GraphJob, error) {
 		return store.GraphJob{}, invalid("id", "%s is a version %d UUID; use backlog.NewID (a UUIDv7)", id, id.Version())
 	}
 	return store.GraphJob{
-		NewJob: store.NewJob{ID: id, Type: typ, Args: args, Tags: tags, Priority: int16(c.priority), RunAt: c.runAt,
+		NewJob: store.NewJob{ID: id, Type: s.typ, Args: args, Tags: tags, Priority: int16(c.priority), RunAt: c.runAt,
 			Delay: ceilMillis(c.delay), MaxAttempts: int32(c.maxAttempts), Timeout: ceilMillis(c.timeout),
 			ConcurrencyKey: c.concKey, Meta: meta},
 		DependsOn: deps, OrderingKey: c.orderingKey, UniqueKey: c.uniqueKey,

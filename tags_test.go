@@ -75,7 +75,7 @@ func TestTagMatchingTable(t *testing.T) {
 				typ = fmt.Sprintf("tag.multi.%d.a", i)
 				types = []string{typ, fmt.Sprintf("tag.multi.%d.b", i), fmt.Sprintf("tag.multi.%d.c", i)}
 			}
-			r, err := buildJob(JobSpec{Type: typ, Options: []EnqueueOption{Tags(c.job)}})
+			r, err := buildJob(JobSpec{Type: typ, Options: []EnqueueOption{Tags(c.job)}}.resolve())
 			require.NoError(t, err, name)
 			_, err = st.Insert(ctx, pool, []store.NewJob{r.NewJob}, nil)
 			require.NoError(t, err, name)
@@ -117,7 +117,7 @@ func TestTagMatchingTable(t *testing.T) {
 	}
 	want := map[string]bool{}
 	for _, j := range mixed {
-		r, err := buildJob(JobSpec{Type: j.typ, Options: []EnqueueOption{Tags(j.tags)}})
+		r, err := buildJob(JobSpec{Type: j.typ, Options: []EnqueueOption{Tags(j.tags)}}.resolve())
 		require.NoError(t, err)
 		_, err = st.Insert(ctx, pool, []store.NewJob{r.NewJob}, nil)
 		require.NoError(t, err)
@@ -138,7 +138,7 @@ func TestTagMatchingTable(t *testing.T) {
 	// A worker of several types claims across them in priority order.
 	var ids []string
 	for i, p := range []int{5, 1, 3} {
-		r, err := buildJob(JobSpec{Type: fmt.Sprintf("multi.%d", i), Options: []EnqueueOption{Priority(p)}})
+		r, err := buildJob(JobSpec{Type: fmt.Sprintf("multi.%d", i), Options: []EnqueueOption{Priority(p)}}.resolve())
 		require.NoError(t, err)
 		_, err = st.Insert(ctx, pool, []store.NewJob{r.NewJob}, nil)
 		require.NoError(t, err)

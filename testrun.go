@@ -22,10 +22,14 @@ import (
 // runs on one job in the caller's goroutine, claimed by the claim
 // statement and recorded by the completer's fenced finish, as under Work,
 // only without the acquirer and its worker goroutines. Reached through internal/testbridge, so that
-// package backlog exports nothing for it.
+// package backlog exports nothing for it; so are the typed args' kind and
+// decoding, so that backlogtest's typed assertions find and decode jobs as
+// HandleArgs does.
 func init() {
 	testbridge.Pool = func(q any) *pgxpool.Pool { return q.(*Queue).pool }
 	testbridge.NewInline = newTestRun
+	testbridge.ArgsKind = argsKind
+	testbridge.UnmarshalArgs = unmarshalArgs
 }
 
 // testRun implements testbridge.Inline.

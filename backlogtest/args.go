@@ -2,7 +2,6 @@ package backlogtest
 
 import (
 	"context"
-	"encoding/json"
 	"reflect"
 
 	"github.com/backlogq/backlog"
@@ -73,31 +72,27 @@ func EnqueuedArgs[T backlog.JobArgs](ctx context.Context, t TB, q *backlog.Queue
 	return out
 }
 
-// kindOf returns T's kind, as backlog.HandleArgs finds it: the Kind of T's
-// zero value, or of a pointer to a zero value for a pointer type. It
-// fails t when T is an interface type.
+// kindOf returns T's kind, as backlog.HandleArgs finds it. It fails t
+// when T is an interface type.
 func kindOf[T backlog.JobArgs](t TB, fn string) string {
 	t.Helper()
-	rt := reflect.TypeFor[T]()
-	var v T
-	switch rt.Kind() {
-	case reflect.Interface:
-		fatalf(t, "%s needs a concrete args type, not the interface %s", fn, rt)
-	case reflect.Pointer:
-		v = reflect.New(rt.Elem()).Interface().(T)
+	kind, ok := testbridge.ArgsKind(reflect.TypeFor[T]())
+	if !ok {
+		fatalf(t, "%s needs a concrete args type, not the interface %s", fn, reflect.TypeFor[T]())
 	}
-	return v.Kind()
+	return kind
 }
 
-// decodeEnqueued decodes job's args into a T, failing t when they do not
-// decode or are null.
+// decodeEnqueued decodes job's args into a T as a backlog.HandleArgs
+// handler would, failing t when they do not decode or are null.
 func decodeEnqueued[T backlog.JobArgs](t TB, fn string, job *backlog.JobInfo) Enqueued[T] {
 	t.Helper()
 	var v T
-	if string(job.Args) == "null" {
+	null, err := testbridge.UnmarshalArgs(job.Args, &v)
+	switch {
+	case null:
 		fatalf(t, "%s: job %s (%s) has null args, which do not decode into %s", fn, job.ID, job.Type, reflect.TypeFor[T]())
-	}
-	if err := json.Unmarshal(job.Args, &v); err != nil {
+	case err != nil:
 		fatalf(t, "%s: decoding the args of job %s (%s) into %s: %v", fn, job.ID, job.Type, reflect.TypeFor[T](), err)
 	}
 	return Enqueued[T]{Args: v, Job: job}

@@ -52,7 +52,9 @@ func (h *handler) jobsAction(w http.ResponseWriter, r *http.Request) error {
 	for _, id := range ids {
 		if err := do(id); err != nil {
 			if statusOf(err) >= 500 {
-				return err
+				// The database is unreachable (or worse): the next
+				// jobs would fail alike, so stop and say how far it got.
+				return fmt.Errorf("%s stopped after %d of %d job(s): %w", action, done, len(ids), err)
 			}
 			failed = append(failed, err.Error())
 			continue

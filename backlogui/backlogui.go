@@ -252,7 +252,11 @@ func badRequest(msg string) error { return &httpError{status: http.StatusBadRequ
 
 func forbidden(msg string) error { return &httpError{status: http.StatusForbidden, msg: msg} }
 
-// statusOf maps an error to its HTTP status.
+// statusOf maps an error to its HTTP status. A transient database error
+// (backlog.ErrRetryable: the connection refused or dropped, the server
+// restarting, a failover) is 503, not 409: nothing is wrong with the
+// request, and the same request may succeed in a few seconds (fail adds
+// Retry-After).
 func statusOf(err error) int {
 	var he *httpError
 	switch {
@@ -262,11 +266,11 @@ func statusOf(err error) int {
 		return http.StatusBadRequest
 	case errors.Is(err, backlog.ErrNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, backlog.ErrRunning), errors.Is(err, backlog.ErrBlocked), errors.Is(err, backlog.ErrUniqueKeyHeld),
-		errors.Is(err, backlog.ErrPrerequisiteFailed), errors.Is(err, backlog.ErrRetryable):
-		return http.StatusConflict
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, backlog.ErrRetryable), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, backlog.ErrRunning), errors.Is(err, backlog.ErrBlocked), errors.Is(err, backlog.ErrUniqueKeyHeld),
+		errors.Is(err, backlog.ErrPrerequisiteFailed):
+		return http.StatusConflict
 	}
 	return http.StatusInternalServerError
 }

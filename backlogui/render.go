@@ -3,6 +3,7 @@ package backlogui
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -160,13 +161,22 @@ type errorData struct {
 	Message string
 }
 
+// retryAfter is the Retry-After, in seconds, of a transient database
+// error: about as long as a PostgreSQL restart or a failover to a standby
+// takes.
+const retryAfter = "5"
+
 // fail shows an error page with the error's status.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status := statusOf(err)
 	msg := err.Error()
 	if status >= 500 {
 		h.cfg.logger.Error("backlogui: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		if status == http.StatusInternalServerError {
+		switch {
+		case errors.Is(err, backlog.ErrRetryable):
+			w.Header().Set("Retry-After", retryAfter)
+			msg = "The database is unreachable for now (" + msg + "). Nothing is wrong with the request: retry in a few seconds."
+		case status == http.StatusInternalServerError:
 			msg = "The dashboard could not read the queue: " + msg
 		}
 	} else {

@@ -33,15 +33,6 @@ const (
 	haLimit   = 2
 )
 
-// haQueueOpts are the options of TestHAMixed's queues: the stress test's
-// quick sweep and retries, with the default lease (30 s), which outlasts
-// a failover (about 10 s), so that running jobs keep their leases across
-// the gap.
-func haQueueOpts() []backlog.Option {
-	return []backlog.Option{backlog.WithSweepInterval(500 * time.Millisecond),
-		backlog.WithRetryBackoff(backlog.Backoff{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond})}
-}
-
 // TestHAMixed runs the stress test's mixed workload against a
 // pg_auto_failover cluster (a primary and two standbys, one of them
 // synchronous for every commit) through a multi-host URL with
@@ -108,7 +99,10 @@ func TestHAMixed(t *testing.T) {
 		return p
 	}
 	newQueue := func(pool *pgxpool.Pool, who string, more ...backlog.Option) *backlog.Queue {
-		opts := append(append(haQueueOpts(), backlog.WithLogger(slog.New(logs.with(who))), backlog.WithWorkerID(who)), more...)
+		// The stress test's quick sweep and retries, with the default
+		// lease (30 s), which outlasts a failover (about 10 s), so that
+		// running jobs keep their leases across the gap.
+		opts := append(append(stressQuickOpts(), backlog.WithLogger(slog.New(logs.with(who))), backlog.WithWorkerID(who)), more...)
 		q, err := backlog.New(ctx, pool, opts...)
 		require.NoError(t, err)
 		t.Cleanup(func() {
@@ -245,14 +239,7 @@ func TestHAMixed(t *testing.T) {
 
 	d := s.load()
 	v := &violations{}
-	d.checkLive(v)
-	d.checkEnqueues(v)
-	d.checkExecutions(v)
-	d.checkOutcomes(v)
-	d.checkDependencies(v)
-	d.checkOrdering(v)
-	d.checkUnique(v)
-	d.checkPeriodic(v)
+	d.checkInvariants(v)
 	peak := d.checkLimit(v, haLimited, haLimit)
 	v.report(t)
 

@@ -25,9 +25,17 @@ import (
 // stressChildEnv makes a child process (see childMain) a stress worker.
 const stressChildEnv = "BACKLOG_FAULTS_STRESS_CHILD"
 
-// stressQueueOpts are the options every stress Queue shares.
+// stressQueueOpts are the options every stress Queue shares:
+// stressQuickOpts with the stress test's short lease.
 func stressQueueOpts() []backlog.Option {
-	return []backlog.Option{backlog.WithLease(stressLease), backlog.WithSweepInterval(500 * time.Millisecond),
+	return append(stressQuickOpts(), backlog.WithLease(stressLease))
+}
+
+// stressQuickOpts are a quick sweep and quick retries, so that a run's
+// expired leases and failed attempts settle within seconds; TestHAMixed's
+// queues use them with the default lease.
+func stressQuickOpts() []backlog.Option {
+	return []backlog.Option{backlog.WithSweepInterval(500 * time.Millisecond),
 		backlog.WithRetryBackoff(backlog.Backoff{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond})}
 }
 

@@ -1,15 +1,20 @@
-// Package apicheck keeps a record of the exported API of the root
-// module's public packages (api/backlog.txt), so that an API change is
-// always a deliberate one, announced in CHANGELOG.md.
+// Package apicheck keeps a record of the exported API of the repository's
+// published modules ([Modules]: the library in api/backlog.txt, otelbacklog
+// in api/otelbacklog.txt), so that an API change is always a deliberate
+// one, announced in CHANGELOG.md.
 //
-// The record lists every exported declaration of every public package
-// (not under internal/, not a command) as Go source without doc comments,
-// function bodies or parameter names, sorted as go/doc sorts them: the
-// same source always gives the same record. Its header holds two hashes:
-// that of the declarations below it, and that of the text of
-// CHANGELOG.md's "## Unreleased" section when the record was written.
+// A record lists every exported declaration of every public package of
+// its module (not under internal/, not a command) as Go source without
+// doc comments, function bodies or parameter names, sorted as go/doc sorts
+// them: the same source always gives the same record. The source is
+// parsed, not type-checked, so recording a module needs none of its
+// dependencies: the library's tests check otelbacklog's record without
+// the OpenTelemetry modules. A record's header holds two hashes: that of
+// the declarations below it, and that of the text of CHANGELOG.md's
+// "## Unreleased" section when the record was written.
 //
-// Two rules follow (TestAPIRecord checks them in `make test`):
+// Two rules follow, for each record (TestAPIRecord checks them in `make
+// test`):
 //
 //   - The record is current: regenerated from the source, it is what is
 //     committed. An API change without `make api` fails.
@@ -21,7 +26,7 @@
 //     match the section as it is, the check needs no git history.
 //
 // Editing the Unreleased section for any reason means running `make api`
-// again (it then only updates the hash).
+// again (it then only updates the hashes).
 package apicheck
 
 import (
@@ -44,31 +49,63 @@ import (
 	"strings"
 )
 
-// RecordPath and ChangelogPath are relative to the repository root.
-const (
-	RecordPath    = "api/backlog.txt"
-	ChangelogPath = "CHANGELOG.md"
-)
+// ChangelogPath is relative to the repository root.
+const ChangelogPath = "CHANGELOG.md"
 
-const header = `# The exported API of the public packages of github.com/backlogq/backlog:
+// A Module is a module of the repository whose exported API is recorded.
+type Module struct {
+	Dir    string // the module's directory (holding its go.mod), relative to the repository root
+	Record string // its record, relative to the repository root
+}
+
+// Modules are the recorded modules: the library, and otelbacklog, a
+// module of its own (so that the library never depends on OpenTelemetry)
+// whose API the compatibility promise covers too. cmd/backlog is a
+// command: its API is its flags, not Go declarations.
+var Modules = []Module{
+	{Dir: ".", Record: "api/backlog.txt"},
+	{Dir: "otelbacklog", Record: "api/otelbacklog.txt"},
+}
+
+func header(module string) string {
+	return `# The exported API of the public packages of ` + module + `:
 # every exported declaration, without doc comments, bodies or parameter
 # names. Written by ` + "`make api`" + ` (internal/apicheck); checked by its
 # TestAPIRecord in make test. Do not edit by hand: see docs/compatibility.md.
 #
 `
+}
 
-// Packages returns the import paths and directories of the root module's
-// public packages: not internal, not commands, with non-test Go files.
-func Packages(root string) (paths, dirs []string, err error) {
-	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}}\t{{.Name}}\t{{.Dir}}\t{{len .GoFiles}}", "./...")
-	cmd.Dir = root
+// goList runs `go list` with args in dir and returns its output.
+func goList(dir string, args ...string) ([]byte, error) {
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
+	cmd.Dir = dir
 	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
-			return nil, nil, fmt.Errorf("go list: %w\n%s", err, ee.Stderr)
+			return nil, fmt.Errorf("go list: %w\n%s", err, ee.Stderr)
 		}
-		return nil, nil, fmt.Errorf("go list: %w", err)
+		return nil, fmt.Errorf("go list: %w", err)
+	}
+	return out, nil
+}
+
+// modulePath returns the path of the module in dir.
+func modulePath(dir string) (string, error) {
+	out, err := goList(dir, "-m", "-f", "{{.Path}}")
+	return strings.TrimSpace(string(out)), err
+}
+
+// Packages returns the import paths and directories of the public
+// packages of the module in dir: not internal, not commands, with
+// non-test Go files. -e lists a package whose imports cannot be resolved
+// (a module not downloaded: otelbacklog's OpenTelemetry modules when the
+// library's tests run) with its files all the same: only they are needed.
+func Packages(dir string) (paths, dirs []string, err error) {
+	out, err := goList(dir, "-e", "-f", "{{.ImportPath}}\t{{.Name}}\t{{.Dir}}\t{{len .GoFiles}}", "./...")
+	if err != nil {
+		return nil, nil, err
 	}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
@@ -86,10 +123,10 @@ func Packages(root string) (paths, dirs []string, err error) {
 	return paths, dirs, sc.Err()
 }
 
-// Generate returns the declarations part of the record: every public
-// package's exported API.
-func Generate(root string) (string, error) {
-	paths, dirs, err := Packages(root)
+// Generate returns the declarations part of the record of the module in
+// dir: every public package's exported API.
+func Generate(dir string) (string, error) {
+	paths, dirs, err := Packages(dir)
 	if err != nil {
 		return "", err
 	}
@@ -324,8 +361,9 @@ func hash(s string) string {
 	return hex.EncodeToString(h[:])
 }
 
-// Record is a parsed api/backlog.txt.
+// Record is a parsed record (api/backlog.txt).
 type Record struct {
+	Module         string // the module's path, named in the header
 	UnreleasedHash string // of the Unreleased section when it was written
 	APIHash        string // of API, as stored
 	API            string // the declarations
@@ -333,7 +371,7 @@ type Record struct {
 
 // Format returns the record's text.
 func (r Record) Format() string {
-	return header + "# unreleased-sha256: " + r.UnreleasedHash + "\n# api-sha256: " + r.APIHash + "\n\n" + r.API
+	return header(r.Module) + "# unreleased-sha256: " + r.UnreleasedHash + "\n# api-sha256: " + r.APIHash + "\n\n" + r.API
 }
 
 // ParseRecord parses a record's text.
@@ -343,6 +381,9 @@ func ParseRecord(text string) (Record, error) {
 	for strings.HasPrefix(rest, "#") {
 		line, after, _ := strings.Cut(rest, "\n")
 		rest = after
+		if v, ok := strings.CutPrefix(line, "# The exported API of the public packages of "); ok {
+			r.Module = strings.TrimSuffix(v, ":")
+		}
 		if v, ok := strings.CutPrefix(line, "# unreleased-sha256: "); ok {
 			r.UnreleasedHash = strings.TrimSpace(v)
 		}
@@ -357,84 +398,125 @@ func ParseRecord(text string) (Record, error) {
 	return r, nil
 }
 
-// Check compares the committed record with the source and the changelog,
-// and returns what is wrong, with what to do.
-func Check(root string) error {
-	api, err := Generate(root)
+// unreleased returns the text of the Unreleased section of the changelog
+// under root.
+func unreleased(root string) (string, error) {
+	cl, err := os.ReadFile(filepath.Join(root, ChangelogPath))
+	if err != nil {
+		return "", err
+	}
+	return Unreleased(cl)
+}
+
+// Check compares the committed records of mods with the source and the
+// changelog, and returns what is wrong, with what to do.
+func Check(root string, mods []Module) error {
+	unreleased, err := unreleased(root)
 	if err != nil {
 		return err
 	}
-	text, err := os.ReadFile(filepath.Join(root, RecordPath))
+	var errs []error
+	for _, m := range mods {
+		errs = append(errs, checkModule(root, m, unreleased))
+	}
+	return errors.Join(errs...)
+}
+
+func checkModule(root string, m Module, unreleased string) error {
+	api, err := Generate(filepath.Join(root, m.Dir))
+	if err != nil {
+		return err
+	}
+	text, err := os.ReadFile(filepath.Join(root, m.Record))
 	if err != nil {
 		return fmt.Errorf("%w (run make api)", err)
 	}
 	rec, err := ParseRecord(string(text))
 	if err != nil {
-		return fmt.Errorf("%s: %w (run make api)", RecordPath, err)
-	}
-	cl, err := os.ReadFile(filepath.Join(root, ChangelogPath))
-	if err != nil {
-		return err
-	}
-	unreleased, err := Unreleased(cl)
-	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w (run make api)", m.Record, err)
 	}
 	var errs []error
 	if rec.APIHash != hash(rec.API) {
-		errs = append(errs, fmt.Errorf("%s was edited by hand: its declarations do not match its api-sha256; run make api", RecordPath))
+		errs = append(errs, fmt.Errorf("%s was edited by hand: its declarations do not match its api-sha256; run make api", m.Record))
 	}
 	if rec.API != api {
 		errs = append(errs, fmt.Errorf("the exported API differs from %s:\n%s\n"+
-			"If the change is meant: add an entry under \"## Unreleased\" in CHANGELOG.md, then run make api", RecordPath, diff(rec.API, api)))
+			"If the change is meant: add an entry under \"## Unreleased\" in CHANGELOG.md, then run make api", m.Record, diff(rec.API, api)))
 	} else if rec.UnreleasedHash != hash(unreleased) {
-		errs = append(errs, fmt.Errorf("CHANGELOG.md's Unreleased section changed since %s was written: run make api (it records the section's hash)", RecordPath))
+		errs = append(errs, fmt.Errorf("CHANGELOG.md's Unreleased section changed since %s was written: run make api (it records the section's hash)", m.Record))
 	}
 	return errors.Join(errs...)
 }
 
-// Update regenerates the record. It refuses when the declarations changed
-// but the Unreleased section did not since the record was last written.
-// It reports whether it wrote the file.
-func Update(root string) (bool, error) {
-	api, err := Generate(root)
+// Update regenerates the records of mods. It refuses, writing none, when
+// a module's declarations changed but the Unreleased section did not
+// since its record was last written. It returns the records it wrote
+// (none when all were current).
+func Update(root string, mods []Module) ([]string, error) {
+	unreleased, err := unreleased(root)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
-	cl, err := os.ReadFile(filepath.Join(root, ChangelogPath))
+	next := make([]string, len(mods))
+	var errs []error
+	for i, m := range mods {
+		next[i], err = nextRecord(root, m, unreleased)
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	var wrote []string
+	for i, m := range mods {
+		if next[i] == "" {
+			continue
+		}
+		path := filepath.Join(root, m.Record)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return wrote, err
+		}
+		if err := os.WriteFile(path, []byte(next[i]), 0o644); err != nil {
+			return wrote, err
+		}
+		wrote = append(wrote, m.Record)
+	}
+	return wrote, nil
+}
+
+// nextRecord returns the text m's record is to have, or "" when it has
+// it already.
+func nextRecord(root string, m Module, unreleased string) (string, error) {
+	dir := filepath.Join(root, m.Dir)
+	api, err := Generate(dir)
 	if err != nil {
-		return false, err
+		return "", err
 	}
-	unreleased, err := Unreleased(cl)
+	module, err := modulePath(dir)
 	if err != nil {
-		return false, err
+		return "", err
 	}
-	path := filepath.Join(root, RecordPath)
-	old, err := os.ReadFile(path)
+	old, err := os.ReadFile(filepath.Join(root, m.Record))
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		// The first record.
 	case err != nil:
-		return false, err
+		return "", err
 	default:
 		rec, err := ParseRecord(string(old))
 		if err != nil {
-			return false, fmt.Errorf("%s: %w", RecordPath, err)
+			return "", fmt.Errorf("%s: %w", m.Record, err)
 		}
 		if rec.API != api && rec.UnreleasedHash == hash(unreleased) {
-			return false, fmt.Errorf("the exported API changed:\n%s\n"+
+			return "", fmt.Errorf("the exported API changed:\n%s\n"+
 				"but CHANGELOG.md's \"## Unreleased\" section did not since %s was last written: "+
-				"add an entry there saying what changed for users, then run make api again", diff(rec.API, api), RecordPath)
+				"add an entry there saying what changed for users, then run make api again", diff(rec.API, api), m.Record)
 		}
 	}
-	next := Record{UnreleasedHash: hash(unreleased), APIHash: hash(api), API: api}.Format()
+	next := Record{Module: module, UnreleasedHash: hash(unreleased), APIHash: hash(api), API: api}.Format()
 	if string(old) == next {
-		return false, nil
+		return "", nil
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return false, err
-	}
-	return true, os.WriteFile(path, []byte(next), 0o644)
+	return next, nil
 }
 
 // diff lists the paragraphs (declarations) only in a ("-") or only in b

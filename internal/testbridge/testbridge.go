@@ -1,6 +1,7 @@
 // Package testbridge connects package backlogtest to machinery of package
 // backlog that is not public API: the claim of one given job, the run of a
-// handler on a claimed job and the fenced write of its outcome. Package
+// handler on a claimed job and the fenced write of its outcome, and how a
+// typed handler finds its kind and decodes its args. Package
 // backlog sets the variables at init (it imports this package, so the
 // values cross as any); only backlogtest calls them. Keeping them here
 // keeps package backlog free of exported names that applications could
@@ -9,6 +10,7 @@ package testbridge
 
 import (
 	"context"
+	"reflect"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -47,4 +49,12 @@ var (
 	// Cancelling ctx cancels a running handler as the end of Work's grace
 	// period would (cause backlog.ErrShutdown).
 	NewInline func(ctx context.Context, q, h, opts any) (Inline, error)
+	// ArgsKind returns the Kind of the args type t (a backlog.JobArgs
+	// type) as backlog.HandleArgs finds it; ok is false for an interface
+	// type.
+	ArgsKind func(t reflect.Type) (kind string, ok bool)
+	// UnmarshalArgs decodes a job's JSON args into v (a pointer to a
+	// backlog.JobArgs) as a backlog.HandleArgs handler gets them; null
+	// reports args that are JSON null or empty, which it refuses.
+	UnmarshalArgs func(args []byte, v any) (null bool, err error)
 )
