@@ -68,12 +68,63 @@ const (
 // workerTags and leases them to worker for lease; now of them are wanted
 // at once (the rest would fill a prefetch buffer, which limited types do
 // not get).
+//
+// A claim is one statement in a transaction of its own, at READ COMMITTED:
+// claims of a type take turns on its claim lock, and each must read on a
+// snapshot taken after the lock, which sees the previous claim's jobs as
+// taken. When the pool's sessions default to a stricter isolation
+// (default_transaction_isolation), the claim runs in an explicit READ
+// COMMITTED transaction (two more round trips); at REPEATABLE READ, a
+// claim that waited for another would meet that claim's jobs on its older
+// snapshot and fail with a serialization error.
 func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string) (ClaimResult, error) {
-	var res ClaimResult
-	rows, err := s.pool.Query(ctx, s.sql.claim, Mode, types, workerTags, k, now, lease.Milliseconds(), worker)
+	args := []any{Mode, types, workerTags, k, now, lease.Milliseconds(), worker}
+	strict, err := s.strictSessions(ctx)
 	if err != nil {
-		return res, err
+		return ClaimResult{}, err
 	}
+	if !strict {
+		rows, err := s.pool.Query(ctx, s.sql.claim, args...)
+		if err != nil {
+			return ClaimResult{}, err
+		}
+		return readClaim(rows, k)
+	}
+	tx, err := s.pool.BeginTx(ctx, readCommittedTx)
+	if err != nil {
+		return ClaimResult{}, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after the commit: does nothing
+	rows, err := tx.Query(ctx, s.sql.claim, args...)
+	if err != nil {
+		return ClaimResult{}, err
+	}
+	res, err := readClaim(rows, k)
+	if err != nil {
+		return ClaimResult{}, err
+	}
+	return res, tx.Commit(ctx)
+}
+
+// strictSessions reports whether the pool's sessions default to an
+// isolation above READ COMMITTED, asking the database once (again after
+// an error).
+func (s *Store) strictSessions(ctx context.Context) (bool, error) {
+	s.isoMu.Lock()
+	defer s.isoMu.Unlock()
+	if !s.isoKnown {
+		var iso string
+		if err := s.pool.QueryRow(ctx, `SHOW default_transaction_isolation`).Scan(&iso); err != nil {
+			return false, err
+		}
+		s.isoKnown, s.isoStrict = true, iso != "read committed" && iso != "read uncommitted"
+	}
+	return s.isoStrict, nil
+}
+
+// readClaim reads the rows of the claim function, and closes them.
+func readClaim(rows pgx.Rows, k int) (ClaimResult, error) {
+	var res ClaimResult
 	defer rows.Close()
 	// Binary columns, but for text (the same bytes either way) and jsonb
 	// (pgx asks for it as text: the JSON itself).
@@ -92,6 +143,7 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 	for rows.Next() {
 		var c Claimed
 		var ok bool
+		var err error
 		if binary {
 			ok, err = decodeClaimed(rows.RawValues(), &jsonText, &c, &res)
 		} else {

@@ -43,6 +43,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -84,6 +85,10 @@ type Store struct {
 	// explain, when set (by tests), sees every listing statement before it
 	// runs.
 	explain func(sql string, args []any)
+
+	// The pool's default isolation, once known (strictSessions).
+	isoMu               sync.Mutex
+	isoKnown, isoStrict bool
 
 	sql struct {
 		insert, insertKeyed, insertMeta, claim, get, notify, notifyAsync, now string
