@@ -51,11 +51,13 @@ func TestClaimsOfATypeTakeTurns(t *testing.T) {
 		}
 		got <- res
 	}()
-	// It waits on the first claim's lock: seen by the server, no clock.
+	// It waits on the first claim's lock: seen by the server, no clock
+	// (a claim of this test's schema: other packages' tests share the
+	// server).
 	require.Eventually(t, func() bool {
 		var waiting bool
 		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-			WHERE l.locktype = 'advisory' AND NOT l.granted AND a.query LIKE '%claim_jobs%')`).Scan(&waiting))
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND a.query LIKE '%' || $1 || '%claim_jobs%')`, schema).Scan(&waiting))
 		return waiting
 	}, 10*time.Second, 10*time.Millisecond, "the second claim of type a does not wait for the first")
 	select {
