@@ -266,10 +266,11 @@ func finishArraysOf(fs []Finish, discard bool) finishArrays {
 
 // Finish writes outcomes of jobs without dependents in one statement (the
 // function finish() of migration 6; its attempts' outcomes as data since
-// migration 25), one round trip and no explicit
-// transaction: terminal outcomes move the job to job_history, retries are
-// written in place. Each write is fenced by id, lease token and state
-// running.
+// migration 25) in a transaction of its own: BEGIN and the statement in
+// one round trip, COMMIT in a second (three round trips on a pool whose
+// default query mode does not describe statements). Terminal outcomes
+// move the job to job_history, retries are written in place. Each write
+// is fenced by id, lease token and state running.
 //
 // A row held by another transaction is Busy: finish it again alone with
 // FinishGraph and wait. A job that has dependents is left untouched and
@@ -312,17 +313,57 @@ func (s *Store) Finish(ctx context.Context, fs []Finish) (FinishResult, error) {
 // finds finished jobs with dependents it rolls back and returns them
 // instead.
 func (s *Store) finishOnce(ctx context.Context, a *finishArrays, exclude [][16]byte) (FinishResult, [][16]byte, error) {
-	tx, err := s.pool.BeginTx(ctx, readCommittedTx)
-	if err != nil {
-		return FinishResult{}, nil, err
+	args := []any{a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs,
+		exclude, s.channel, s.keepCompleted.Milliseconds(), s.keepFailed.Milliseconds(), MaxErrors, a.progress, a.outcomes}
+	var tx pgx.Tx
+	var res FinishResult
+	var xid int64
+	var tl string
+	var graph [][16]byte
+	var err error
+	if s.pipelines() {
+		// BEGIN and the finish in one round trip; COMMIT is sent once the
+		// transaction's ID is known.
+		b := &pgx.Batch{}
+		b.BeginTx(readCommittedTx)
+		b.Queue(s.fin.fast, args...)
+		br := s.pool.SendBatch(ctx, b)
+		tx = br.Tx()
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after the commit: does nothing
+		res, xid, tl, graph, err = readFinish(br, len(a.ids))
+		if cerr := br.Close(); err == nil && graph == nil {
+			err = cerr
+		}
+	} else {
+		// Modes that do not ask for parameter types run a batch without
+		// them: three round trips.
+		if tx, err = s.pool.BeginTx(ctx, readCommittedTx); err != nil {
+			return FinishResult{}, nil, err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after the commit: does nothing
+		rows, qerr := tx.Query(ctx, s.fin.fast, append([]any{Mode}, args...)...)
+		res, xid, tl, graph, err = readFinishRows(rows, qerr, len(a.ids))
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // after the commit: does nothing
-	rows, err := tx.Query(ctx, s.fin.fast, Mode, a.ids, a.tokens, a.states, a.delays, a.deltas, a.results, a.errs,
-		exclude, s.channel, s.keepCompleted.Milliseconds(), s.keepFailed.Milliseconds(), MaxErrors, a.progress, a.outcomes)
-	if err != nil {
-		return FinishResult{}, nil, err
+	if err != nil || graph != nil {
+		return FinishResult{}, graph, err
 	}
-	n := len(a.ids)
+	return res, nil, s.commitKnown(ctx, tx, xid, tl)
+}
+
+// readFinish reads the finish's answer from a batch (its BEGIN, then the
+// finish).
+func readFinish(br pgx.BatchResults, n int) (FinishResult, int64, string, [][16]byte, error) {
+	if _, err := br.Exec(); err != nil {
+		return FinishResult{}, 0, "", nil, err
+	}
+	rows, err := br.Query()
+	return readFinishRows(rows, err, n)
+}
+
+// readFinishRows reads the rows of the finish function: each job's
+// status, the transaction's ID and timeline; graph: the finished jobs
+// with dependents, when it refused for them (nothing was written).
+func readFinishRows(rows pgx.Rows, err error, n int) (FinishResult, int64, string, [][16]byte, error) {
 	res := FinishResult{Status: make(map[uuid.UUID]FinishStatus, n), State: make(map[uuid.UUID]string, n)}
 	var (
 		id     [16]byte
@@ -331,34 +372,33 @@ func (s *Store) finishOnce(ctx context.Context, a *finishArrays, exclude [][16]b
 		xid    int64
 		tl     string
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &state, &status, &xid, &tl}, func() error {
-		switch status {
-		case 0:
-			res.Status[id], res.State[id] = Written, *state
-		case 1:
-			res.Status[id] = Busy
-		case 2:
-			res.Status[id] = Refused
-		case 3:
-			res.Status[id] = Graph
-		}
-		return nil
-	})
+	if err == nil { // else the error may be the function's (a batch's Query reports it)
+		_, err = pgx.ForEachRow(rows, []any{&id, &state, &status, &xid, &tl}, func() error {
+			switch status {
+			case 0:
+				res.Status[id], res.State[id] = Written, *state
+			case 1:
+				res.Status[id] = Busy
+			case 2:
+				res.Status[id] = Refused
+			case 3:
+				res.Status[id] = Graph
+			}
+			return nil
+		})
+	}
 	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == "BLGRF" {
 		var graph [][16]byte
 		for _, x := range strings.Split(pe.Detail, ",") {
 			id, perr := uuid.Parse(x)
 			if perr != nil {
-				return FinishResult{}, nil, fmt.Errorf("finish: reading the jobs with dependents: %w", perr)
+				return FinishResult{}, 0, "", nil, fmt.Errorf("finish: reading the jobs with dependents: %w", perr)
 			}
 			graph = append(graph, id)
 		}
-		return FinishResult{}, graph, nil
+		return FinishResult{}, 0, "", graph, nil
 	}
-	if err != nil {
-		return FinishResult{}, nil, err
-	}
-	return res, nil, s.commitKnown(ctx, tx, xid, tl)
+	return res, xid, tl, nil, err
 }
 
 // FinishGraph writes outcomes in one transaction, in place (the retirer
