@@ -638,24 +638,49 @@ func TestMigration22RollingUpgrade(t *testing.T) {
 // one attempt, and the limit holds.
 func TestMigration24RollingUpgrade(t *testing.T) {
 	t.Parallel()
+	limitedAcrossProcesses(t, 24, "v23", "v23limited", backlog.Limit{Concurrency: 2})
+}
+
+// TestMigration26RollingUpgrade: processes of version 25 keep running
+// against a schema at 0026, which replaced only claim_type's body (same
+// signature; claim_jobs calls it): the claim statement a process sends is
+// the same in versions 25 and 26. Three processes working plain jobs and
+// jobs of a type limited to 2 at once, of which a limit of 1,000 (never
+// binding) on the plain type now counts its running jobs again when a
+// stale bound would cap a claim: every job completes in one attempt, and
+// the limit of 2 holds.
+func TestMigration26RollingUpgrade(t *testing.T) {
+	t.Parallel()
+	limitedAcrossProcesses(t, 26, "v25", "v25limited", backlog.Limit{Concurrency: 2}, backlog.Limit{Concurrency: 1000})
+}
+
+// limitedAcrossProcesses runs 600 jobs of type plain and 40 of type
+// limited, whose limit is lim (at most 2 at once), in three processes
+// against a schema at version (or later), plain's limit being plainLim
+// when given; every job completes in one attempt and at most 2 of limited
+// run at once.
+func limitedAcrossProcesses(t *testing.T, version int64, plain, limited string, lim backlog.Limit, plainLim ...backlog.Limit) {
 	e := newEnv(t)
 	ctx := context.Background()
 	st, err := e.q.MigrationStatus(ctx)
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, st.Version, int64(24))
-	require.NoError(t, e.q.SetLimit(ctx, "v23limited", backlog.Limit{Concurrency: 2}))
+	require.GreaterOrEqual(t, st.Version, version)
+	require.NoError(t, e.q.SetLimit(ctx, limited, lim))
+	for _, l := range plainLim {
+		require.NoError(t, e.q.SetLimit(ctx, plain, l))
+	}
 	var specs []backlog.JobSpec
 	for i := range 600 {
-		specs = append(specs, backlog.JobSpec{Type: "v23", Args: i})
+		specs = append(specs, backlog.JobSpec{Type: plain, Args: i})
 	}
 	for i := range 40 {
-		specs = append(specs, backlog.JobSpec{Type: "v23limited", Args: i})
+		specs = append(specs, backlog.JobSpec{Type: limited, Args: i})
 	}
 	_, err = e.q.EnqueueMany(ctx, specs)
 	require.NoError(t, err)
 	var running, peak atomic.Int32
 	h := backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
-		if job.Type != "v23limited" {
+		if job.Type != limited {
 			return nil
 		}
 		n := running.Add(1)
@@ -669,7 +694,7 @@ func TestMigration24RollingUpgrade(t *testing.T) {
 		return nil
 	})
 	for range 3 {
-		work(t, e.queue(testdb.NewPool(t, 4)), h, backlog.Concurrency(10), backlog.Types("v23", "v23limited"))
+		work(t, e.queue(testdb.NewPool(t, 4)), h, backlog.Concurrency(10), backlog.Types(plain, limited))
 	}
 	e.waitCount(`state = 'completed'`, len(specs), 60*time.Second)
 	require.Zero(t, e.count(`attempt <> 1`), "jobs that ran more than once")

@@ -368,3 +368,11 @@ func TestMigration24DownRestoresVersion23(t *testing.T) {
 	t.Parallel()
 	migrationDownRestores(t, 24)
 }
+
+// TestMigration26DownRestoresVersion25: the same for 0026 (a stale running
+// bound no longer caps a claim): claim_type returns to its version 22
+// definition.
+func TestMigration26DownRestoresVersion25(t *testing.T) {
+	t.Parallel()
+	migrationDownRestores(t, 26)
+}
