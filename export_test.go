@@ -12,6 +12,12 @@ import (
 // MigrateHint is the CLI command an ErrNotMigrated names.
 var MigrateHint = migrateHint
 
+// WithVacuumDeadForTest lowers the dead rows of the jobs table past which
+// the maintenance loop vacuums it.
+func WithVacuumDeadForTest(n int64) Option {
+	return queueOption(func(c *config) { c.vacuumDead = n })
+}
+
 // WithClock replaces the Queue's wall clock (tests skew it).
 func WithClock(f func() time.Time) Option { return queueOption(func(c *config) { c.clock = f }) }
 

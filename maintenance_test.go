@@ -248,3 +248,34 @@ func TestStatsReportTheOldestTransaction(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainingBacklogVacuumsTheJobsTable: while jobs finish, the
+// maintenance loop vacuums the jobs table once its statistics count the
+// dead rows past the threshold (lowered here from 100,000 to 300): a
+// draining backlog's dead entries at the head of the claim indexes would
+// otherwise slow every claim until autovacuum came by.
+func TestDrainingBacklogVacuumsTheJobsTable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backlog.WithVacuumDeadForTest(300))
+	ctx := context.Background()
+	work(t, e.q, backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil }), backlog.Types("vac"))
+	jobs := pgx.Identifier{e.schema, "jobs"}.Sanitize()
+	vacuums := func() int {
+		var n int
+		require.NoError(t, e.pool.QueryRow(ctx, `SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass`, jobs).Scan(&n))
+		return n
+	}
+	require.Zero(t, vacuums())
+	specs := make([]backlog.JobSpec, 200)
+	for i := range specs {
+		specs[i] = backlog.JobSpec{Type: "vac"}
+	}
+	// Jobs keep finishing (the loop looks only then) until it vacuumed.
+	deadline := time.Now().Add(40 * time.Second)
+	for vacuums() == 0 {
+		require.True(t, time.Now().Before(deadline), "the jobs table was never vacuumed")
+		_, err := e.q.EnqueueMany(ctx, specs)
+		require.NoError(t, err)
+		<-time.After(50 * time.Millisecond)
+	}
+}

@@ -67,6 +67,9 @@ type config struct {
 	// (WithDiscardCompleted): of every type (discardAll), or of these.
 	discardAll bool
 	discard    map[string]bool
+	// vacuumDead: the dead rows of the jobs table past which the
+	// maintenance loop vacuums it (0: its default; tests lower it).
+	vacuumDead int64
 	hooks      Hooks
 	clock      func() time.Time // wall clock; tests skew it
 }

@@ -35,6 +35,12 @@ const (
 	// summarizeGap is how often, while jobs finish, job_history's BRIN
 	// indexes are brought up to date (SummarizeHistory).
 	summarizeGap = 2 * time.Second
+	// vacuumDead is how many dead rows the jobs table may hold, as its
+	// statistics count them, before the maintenance loop (on its summary
+	// tick, while jobs finish) vacuums it; vacuumGap the least time since
+	// the last vacuum (store.VacuumJobs).
+	vacuumDead = 100_000
+	vacuumGap  = summarizeGap
 	// sweepSlack is how long after a lease's expiry the sweep looks, at
 	// most (jittered from a tenth of it), so that many processes do not
 	// Sweep in step.
@@ -75,6 +81,12 @@ type Service struct {
 	sweepBusy   time.Duration // backoff while expired leases cannot be swept
 
 	finished atomic.Bool // jobs moved to job_history since the last summary
+	noVacuum bool        // the role may not vacuum the jobs table (loop only)
+	// vacuumLeft: the dead rows the loop's last vacuum could not remove
+	// (loop only): a vacuum waits for vacuumDead more, so that a long
+	// transaction holding them back does not make it vacuum in vain
+	// every tick.
+	vacuumLeft int64
 
 	mu        sync.Mutex
 	promoteAt time.Time // earliest known scheduled job; zero: none known
@@ -91,6 +103,9 @@ type Config struct {
 	// Retention is the longest retention of any state: counts are rolled
 	// up past it.
 	Retention time.Duration
+	// VacuumDead is how many dead rows the jobs table may hold before the
+	// loop vacuums it (0: vacuumDead).
+	VacuumDead int64
 }
 
 // OldTransaction is the age past which the cleaner warns of the oldest
@@ -206,6 +221,7 @@ func (m *Service) loop(ctx context.Context) {
 			} else if err == nil {
 				m.faults.OK("summaries")
 			}
+			m.vacuumPass(ctx)
 			continue
 		}
 		wait := min(promoteAt.Sub(now), nextSweep.Sub(now), nextClean.Sub(now))
@@ -222,6 +238,38 @@ func (m *Service) loop(ctx context.Context) {
 		case <-m.kick:
 			t.Stop()
 		case <-t.C:
+		}
+	}
+}
+
+// vacuumPass vacuums the jobs table once it holds vacuumDead dead rows
+// (store.VacuumJobs: a draining backlog's dead index entries slow every
+// claim), unless the role may not.
+func (m *Service) vacuumPass(ctx context.Context) {
+	if m.noVacuum {
+		return
+	}
+	dead := m.cfg.VacuumDead
+	if dead <= 0 {
+		dead = vacuumDead
+	}
+	r, err := m.store.VacuumJobs(ctx, m.vacuumLeft+dead, vacuumGap)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil && !m.faults.Failed("vacuum", err) {
+			m.log.Warn("backlog: vacuuming the jobs table failed", "err", err)
+		}
+	case r.NotOwner:
+		m.noVacuum = true
+		m.log.Info("backlog: the pool's role may not vacuum the jobs table (it does not own it); autovacuum alone removes its dead rows")
+	default:
+		m.faults.OK("vacuum")
+		switch {
+		case r.Vacuumed:
+			m.vacuumLeft = r.Left
+			m.log.Debug("backlog: vacuumed the jobs table", "dead", r.Dead, "left", r.Left)
+		case r.Dead < m.vacuumLeft:
+			m.vacuumLeft = r.Dead // removed since (by autovacuum, or another process)
 		}
 	}
 }

@@ -1,0 +1,70 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Vacuuming the jobs table while a backlog drains.
+//
+// Every claim turns a row's available version dead (the update to
+// running) and every finish deletes the row, so a draining backlog leaves
+// dead entries at the head of the claim indexes, where every claim's
+// index scan starts: a claim steps over all of them (marked dead or not,
+// they stay in the index pages until a VACUUM removes them), so the cost
+// of a claim grows with the jobs that drained before it. Autovacuum
+// removes them too, but it looks at a database once a minute
+// (autovacuum_naptime) and only past a fraction of the table
+// (autovacuum_vacuum_scale_factor): a backlog of a million jobs drains
+// in well under a minute. So the maintenance loop asks, while jobs
+// finish, how many dead rows the jobs table holds, and vacuums it past a
+// threshold.
+
+// VacuumResult is what one VacuumJobs call did.
+type VacuumResult struct {
+	Dead     int64 // dead rows the statistics counted in the jobs table
+	Vacuumed bool  // a VACUUM ran
+	// Left is how many dead rows the VACUUM could not remove (an older
+	// snapshot may still see them): they count again until one can.
+	Left int64
+	// NotOwner: the pool's role may not vacuum the table (it neither owns
+	// it nor is a superuser): nothing was done.
+	NotOwner bool
+}
+
+// VacuumJobs vacuums the jobs table when the statistics count at least
+// minDead dead rows in it and no vacuum (its own or autovacuum's) ended
+// within gap. The VACUUM skips the table if another one holds it
+// (SKIP_LOCKED) and does not truncate it (which would take an exclusive
+// lock).
+func (s *Store) VacuumJobs(ctx context.Context, minDead int64, gap time.Duration) (VacuumResult, error) {
+	var r VacuumResult
+	var recent, owner bool
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(t.n_dead_tup, 0),
+		coalesce(greatest(t.last_vacuum, t.last_autovacuum) > now() - $2::bigint * interval '1 millisecond', false),
+		pg_has_role(c.relowner, 'USAGE') OR (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user)
+		FROM pg_class c LEFT JOIN pg_stat_user_tables t ON t.relid = c.oid WHERE c.oid = $1::regclass`,
+		Mode, pgx.Identifier{s.schema, "jobs"}.Sanitize(), gap.Milliseconds()).Scan(&r.Dead, &recent, &owner)
+	if err != nil {
+		return r, err
+	}
+	if !owner {
+		r.NotOwner = true
+		return r, nil
+	}
+	if r.Dead < minDead || recent {
+		return r, nil
+	}
+	// A utility statement: the simple protocol (it cannot be prepared in
+	// every pooler's mode, and runs outside a transaction block).
+	if _, err := s.pool.Exec(ctx, `VACUUM (SKIP_LOCKED, TRUNCATE false) `+pgx.Identifier{s.schema, "jobs"}.Sanitize(),
+		pgx.QueryExecModeSimpleProtocol); err != nil {
+		return r, err
+	}
+	r.Vacuumed = true
+	err = s.pool.QueryRow(ctx, `SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass), 0)`,
+		Mode, pgx.Identifier{s.schema, "jobs"}.Sanitize()).Scan(&r.Left)
+	return r, err
+}
