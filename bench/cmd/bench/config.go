@@ -69,7 +69,7 @@ func parseFlags(args []string) (*config, error) {
 	cpuProf := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	sqlStats := fs.Bool("sqlstats", false, "log each system's statements by text for every measured window (stderr)")
 	analyze := fs.Bool("analyze", true, "ANALYZE the job table after the burn-down's bulk insert (planner statistics, as a long-lived table has them)")
-	rates := fs.String("rates", "", "offered-load rates in jobs/s (comma-separated, ascending; default 5000,10000,20000,30000,40000, or 5000,10000,20000 with -quick)")
+	rates := fs.String("rates", "", "offered-load rates in jobs/s (comma-separated, ascending; default 5000,10000,20000,25000,30000,40000, or 5000,10000,20000 with -quick)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -99,7 +99,7 @@ func parseFlags(args []string) (*config, error) {
 	} else {
 		c.runs, c.burnJobs, c.burnTimeout = 3, 200_000, 60*time.Second
 		c.idleDur = 30 * time.Second
-		c.offeredRates = []int{5000, 10000, 20000, 30000, 40000}
+		c.offeredRates = []int{5000, 10000, 20000, 25000, 30000, 40000}
 		c.offeredWarmup, c.offeredDur, c.offeredDrain, c.offeredCap = 2*time.Second, 10*time.Second, 10*time.Second, 10*time.Minute
 		c.latRates = []int{10, 100, 1000}
 		c.latDurs = map[int]time.Duration{10: 10 * time.Second, 100: 5 * time.Second, 1000: 5 * time.Second}

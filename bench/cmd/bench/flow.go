@@ -85,7 +85,7 @@ func runFlow(ctx context.Context, env *benchEnv, k kind, res *results) {
 		logf("flow: fairness: %v", err)
 	} else {
 		res.add("flow.fair", k.key, p99)
-		res.note("flow: fairness: %d jobs of one key, then 50 keys × 5 jobs enqueued after them, 10 workers, no limit; the p99 of the 250 small jobs' waits (enqueue → start).", bigKey)
+		res.note("flow: fairness: %d jobs of one key; 10 workers (no limit) start on them, and once %d have started, 50 keys × 5 jobs are enqueued; the p99 of the 250 small jobs' waits (enqueue → start), while the workers and their prefetch buffer are busy with the big key.", bigKey, min(bigKey/10, 5000))
 	}
 	if n, err := flowRate(ctx, env); err != nil {
 		res.fail("flow.rate", k.key, statusOf(err))
@@ -265,19 +265,22 @@ func flowFairness(ctx context.Context, env *benchEnv, big int) (float64, error) 
 		specs[i] = backlog.JobSpec{Type: benchType, Args: json.RawMessage(`{"small":true}`),
 			Options: []backlog.EnqueueOption{backlog.ConcurrencyKey(fmt.Sprintf("small-%02d", i%50))}}
 	}
-	enqueued := time.Now()
-	if _, err := q.EnqueueMany(ctx, specs); err != nil {
-		return 0, err
-	}
 	var mu sync.Mutex
 	var waits []float64
+	var enqueued time.Time
+	var bigStarts atomic.Int64
+	working := make(chan struct{}) // closed once the big key's jobs run at full speed
 	all := make(chan struct{})
+	warm := int64(min(big/10, 5000))
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		_ = q.Work(wctx, backlog.HandlerFunc(func(_ context.Context, j *backlog.Job) error {
 			if !bytes.Contains(j.Args, []byte("small")) {
+				if bigStarts.Add(1) == warm {
+					close(working)
+				}
 				return nil
 			}
 			mu.Lock()
@@ -290,12 +293,30 @@ func flowFairness(ctx context.Context, env *benchEnv, big int) (float64, error) 
 		}), backlog.Types(benchType), backlog.Concurrency(10))
 	})
 	defer func() { stop(); wg.Wait() }()
+	// The small keys' jobs come while the workers (and their prefetch
+	// buffer) are busy with the big key's.
+	select {
+	case <-working:
+	case <-time.After(2 * time.Minute):
+		return 0, &timeoutError{"the big key's jobs did not start within 2 minutes"}
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	mu.Lock()
+	enqueued = time.Now()
+	mu.Unlock()
+	if _, err := q.EnqueueMany(ctx, specs); err != nil {
+		return 0, err
+	}
 	select {
 	case <-all:
 	case <-time.After(2 * time.Minute):
 		return 0, &timeoutError{"the small keys' jobs did not all start within 2 minutes"}
 	case <-ctx.Done():
 		return 0, ctx.Err()
+	}
+	if left := int64(big) - bigStarts.Load(); left < int64(big)/2 {
+		return 0, fmt.Errorf("the big key had only %d of %d jobs left when the last small one started: not a wait behind it", left, big)
 	}
 	mu.Lock()
 	defer mu.Unlock()
