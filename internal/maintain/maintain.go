@@ -39,8 +39,9 @@ const (
 	// statistics count them, before the maintenance loop (on its summary
 	// tick, while jobs finish) vacuums it; vacuumGap the least time since
 	// the last vacuum (store.VacuumJobs).
-	vacuumDead = 100_000
-	vacuumGap  = summarizeGap
+	vacuumDead    = 100_000
+	vacuumGap     = summarizeGap
+	vacuumSpacing = 4
 	// sweepSlack is how long after a lease's expiry the sweep looks, at
 	// most (jittered from a tenth of it), so that many processes do not
 	// Sweep in step.
@@ -87,6 +88,10 @@ type Service struct {
 	// transaction holding them back does not make it vacuum in vain
 	// every tick.
 	vacuumLeft int64
+	// vacuumTook: how long the loop's last vacuum took (loop only); the
+	// next waits at least vacuumSpacing times that, so that vacuuming a
+	// large table keeps to a fraction of the time.
+	vacuumTook time.Duration
 
 	mu        sync.Mutex
 	promoteAt time.Time // earliest known scheduled job; zero: none known
@@ -253,7 +258,8 @@ func (m *Service) vacuumPass(ctx context.Context) {
 	if dead <= 0 {
 		dead = vacuumDead
 	}
-	r, err := m.store.VacuumJobs(ctx, m.vacuumLeft+dead, vacuumGap)
+	start := time.Now()
+	r, err := m.store.VacuumJobs(ctx, m.vacuumLeft+dead, max(vacuumGap, vacuumSpacing*m.vacuumTook))
 	switch {
 	case err != nil:
 		if ctx.Err() == nil && !m.faults.Failed("vacuum", err) {
@@ -266,7 +272,7 @@ func (m *Service) vacuumPass(ctx context.Context) {
 		m.faults.OK("vacuum")
 		switch {
 		case r.Vacuumed:
-			m.vacuumLeft = r.Left
+			m.vacuumLeft, m.vacuumTook = r.Left, time.Since(start)
 			m.log.Debug("backlog: vacuumed the jobs table", "dead", r.Dead, "left", r.Left)
 		case r.Dead < m.vacuumLeft:
 			m.vacuumLeft = r.Dead // removed since (by autovacuum, or another process)
