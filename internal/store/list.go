@@ -19,14 +19,15 @@ import (
 // and ID; newest first, or oldest first (finished jobs first, then live
 // ones). Every statement is bounded, whatever the filter: it reads at most
 // ListQuery.Scan rows, or a window of finish time that holds about that
-// many, then filters them:
+// many by the counters (and at most windowCap times as many), then filters
+// them:
 //   - jobs along its primary key (or the index of a key filter);
 //   - job_history by ID, or along the index of a key filter, or of failed
 //     and cancelled jobs when only those are asked for; else in windows of
 //     finish time through its BRIN
 //     index (rows enter in finish order, so a window is a run of adjacent
 //     pages), a window that comes back sparse followed by a wider one, one
-//     that comes back full by a narrower one.
+//     over the cap by a narrower one.
 // A page that ran out of rows to read before it was full says where to go
 // on (Next).
 
@@ -101,8 +102,14 @@ func (s *Store) List(ctx context.Context, q ListQuery) (ListResult, error) {
 	defer tx.Rollback(ctx) //nolint:errcheck // read only
 	// Never a sequential scan: a window of job_history is read through its
 	// BRIN index even when the planner guesses the window holds much of
-	// the table (it then read all 18,500 pages of a million jobs).
-	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`, Mode); err != nil {
+	// the table (it then read all 18,500 pages of a million jobs). Nor JIT
+	// compilation or parallel workers, which the same guess brings about:
+	// every statement here reads a bounded number of rows, and with the
+	// statistics of a day of 10,000,000 jobs (and a burst of 200,000 in a
+	// few seconds), the planner saw 175,000 rows in a window that held
+	// 8,001 and compiled its plan, 100 ms of a statement's 110.
+	if _, err := tx.Exec(ctx, `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true),
+	set_config('max_parallel_workers_per_gather', '0', true)`, Mode); err != nil {
 		return res, err
 	}
 	// A job that just finished may still be in jobs, for the moment before
@@ -252,14 +259,22 @@ const listCols = `r.id, r.type, r.args, r.tags, r.state, r.priority, r.run_at, r
 // come first in a), those of them matching q's filters, and the last row
 // read (its id and finished_at) with how many were. It adds the matching
 // rows to the result and returns the last row read (nil when none was)
-// and whether fewer than q.Scan rows were read.
-func (s *Store) listScan(ctx context.Context, tx pgx.Tx, q *ListQuery, read string, a *listArgs, lastOrder string, res *ListResult) (*ListCursor, int, error) {
+// and how many rows were read: the rows of `read`, or what `counted` (SQL,
+// on r or on the common table expressions of `with`, which come before r;
+// empty: the rows of r) says.
+func (s *Store) listScan(ctx context.Context, tx pgx.Tx, q *ListQuery, with, read string, a *listArgs, lastOrder string, res *ListResult, counted string) (*ListCursor, int, error) {
 	f := &listArgs{args: a.args}
 	q.filters(f)
-	sql := `WITH r AS (` + read + `)
+	if counted == "" {
+		counted = `(SELECT count(*) FROM r)`
+	}
+	if with != "" {
+		with += ", "
+	}
+	sql := `WITH ` + with + `r AS (` + read + `)
 SELECT ` + listCols + `, m.id, m.finished_at, m.n
 FROM (SELECT (SELECT id FROM r ORDER BY ` + lastOrder + ` LIMIT 1) AS id,
-             (SELECT finished_at FROM r ORDER BY ` + lastOrder + ` LIMIT 1) AS finished_at, (SELECT count(*) FROM r) AS n) m
+             (SELECT finished_at FROM r ORDER BY ` + lastOrder + ` LIMIT 1) AS finished_at, ` + counted + ` AS n) m
 LEFT JOIN r ON ` + f.sql("r.")
 	if s.explain != nil {
 		s.explain(sql, f.args)
@@ -351,7 +366,7 @@ func (s *Store) listLive(ctx context.Context, tx pgx.Tx, q *ListQuery, after *Li
 	a.args = append(a.args, q.Scan)
 	read := `SELECT * FROM ` + s.jobs + ` WHERE ` + a.sql("") + ` ORDER BY id ` + order + ` LIMIT $` + strconv.Itoa(len(a.args))
 	start := len(res.Rows)
-	last, n, err := s.listScan(ctx, tx, q, read, a, "id "+back, res)
+	last, n, err := s.listScan(ctx, tx, q, "", read, a, "id "+back, res, "")
 	if err != nil {
 		return nil, err
 	}
@@ -402,7 +417,7 @@ func (s *Store) listFinished(ctx context.Context, tx pgx.Tx, q *ListQuery, after
 		position(a)
 		a.args = append(a.args, q.Scan)
 		read := `SELECT * FROM ` + from + ` WHERE ` + a.sql("") + ` ORDER BY ` + keyOrder + ` LIMIT $` + strconv.Itoa(len(a.args))
-		last, n, err := s.listScan(ctx, tx, q, read, a, lastOrder, res)
+		last, n, err := s.listScan(ctx, tx, q, "", read, a, lastOrder, res, "")
 		if err != nil || n < q.Scan {
 			return nil, err
 		}
@@ -434,26 +449,76 @@ func (s *Store) listFinished(ctx context.Context, tx pgx.Tx, q *ListQuery, after
 	if err != nil {
 		return nil, err
 	}
+	// The counters say how many jobs finished in each minute, not when in
+	// it: a window cut in proportion may hold nothing (the jobs of the
+	// minute finished in a few seconds of it, elsewhere) or far more than
+	// its share (those few seconds). So a window that comes back with
+	// under a quarter of its share makes the next one's share four times
+	// as large, and each window is read with a cap on the rows it may hold
+	// (windowCap budgets): over the cap, it is left unread, and the
+	// windows after it take at most half of what remains of it, by the
+	// counters (or, where they count under one job, by time), until one
+	// fits. An empty stretch costs a few statements, not one per budget's
+	// share of time, and no statement reads more than the cap, but for a
+	// window shorter than minCappedWindow (it cannot be narrowed much
+	// further: a finish writes its whole batch at one time) and the last
+	// statement of a page that has not moved on.
 	budget := q.Scan
-	for budget > q.Scan/10 {
-		wlo, whi, rest := window(buckets, cur, floor, ceil, budget, q.Oldest)
+	share := float64(budget) // jobs the next window holds by the counters
+	bisect := false          // a window over the cap is being narrowed
+	var overJobs float64     // then: the jobs the counters know of in what remains of it
+	var over time.Duration   // and its length
+	moved := false           // a window was read whole on this page
+	for i := 0; budget > q.Scan/10 && i < maxWindows; i++ {
+		if bisect {
+			share = min(share, overJobs/2)
+		}
+		wlo, whi, rest := window(buckets, cur, floor, ceil, share, q.Oldest)
+		if bisect && overJobs < 1 {
+			if q.Oldest && whi.Sub(cur) > over/2 {
+				whi, rest = cur.Add(over/2), true
+			} else if !q.Oldest && cur.Sub(wlo) > over/2 {
+				wlo, rest = cur.Add(-over/2), true
+			}
+		}
 		a := &listArgs{}
 		a.add("finished_at >= $?", wlo)
 		a.add("finished_at <= $?", whi)
 		position(a)
+		// A window is counted first, up to the cap, and read only if it
+		// holds no more (the count reads no more rows than the cap, and
+		// far less of each than the read and its sort).
+		capped := whi.Sub(wlo) >= minCappedWindow && (moved || i < maxWindows-1)
+		where := a.sql("")
+		with, counted := "", ""
+		if capped {
+			a.args = append(a.args, windowCap*q.Scan+1)
+			with = `c AS (SELECT count(*) AS n FROM (SELECT 1 FROM ` + s.history + ` WHERE ` + where + ` LIMIT $` + strconv.Itoa(len(a.args)) + `) w)`
+			counted = `(SELECT n FROM c)`
+			where += ` AND (SELECT n FROM c) <= ` + strconv.Itoa(windowCap*q.Scan)
+		}
 		a.args = append(a.args, budget)
-		read := `SELECT * FROM ` + s.history + ` WHERE ` + a.sql("") + ` ORDER BY ` + keyOrder + ` LIMIT $` + strconv.Itoa(len(a.args))
-		last, n, err := s.listScan(ctx, tx, q, read, a, lastOrder, res)
+		read := `SELECT * FROM ` + s.history + ` WHERE ` + where + ` ORDER BY ` + keyOrder + ` LIMIT $` + strconv.Itoa(len(a.args))
+		last, held, err := s.listScan(ctx, tx, q, with, read, a, lastOrder, res, counted)
 		if err != nil {
 			return nil, err
 		}
-		if n == budget {
-			// The window held more than the budget: go on from its last
-			// row.
+		if capped && held > windowCap*q.Scan {
+			// Over the cap: not read.
+			bisect, overJobs, over = true, countedIn(buckets, wlo, whi), whi.Sub(wlo)
+			continue
+		}
+		if held >= budget {
+			// The window held the budget or more: go on from the last
+			// row read.
 			last.Finished = true
 			return last, nil
 		}
 		// The window is read whole, bounds included: go on past it.
+		moved = true
+		if bisect {
+			overJobs, over = max(overJobs-countedIn(buckets, wlo, whi), 0), max(over-whi.Sub(wlo), 0)
+		}
 		if q.Oldest {
 			cur = whi
 			after = &ListCursor{Finished: true, FinishedAt: cur, ID: uuid.Max}
@@ -464,13 +529,32 @@ func (s *Store) listFinished(ctx context.Context, tx pgx.Tx, q *ListQuery, after
 		if !rest {
 			return nil, nil // the counters know of nothing further
 		}
-		budget -= n
+		budget -= held
+		if float64(held) < share/4 {
+			share *= 4
+		} else {
+			share = float64(budget)
+		}
 		if len(res.Rows)-start > q.Limit {
 			break
 		}
 	}
 	return after, nil
 }
+
+// Bounds of the windows of finish time that List reads (listFinished).
+const (
+	// windowCap: a window holding more than this many budgets
+	// (ListQuery.Scan) is left unread.
+	windowCap = 4
+	// minCappedWindow: a window shorter than this is read whole.
+	minCappedWindow = time.Millisecond
+	// maxWindows: the most window statements in one page; a page that
+	// runs out of them ends short, with a cursor. Every page moves on:
+	// its last statement reads its window whole if no window before it
+	// was.
+	maxWindows = 32
+)
 
 // timeBucket is a stretch of finish time and how many jobs finished in it.
 type timeBucket struct {
@@ -504,7 +588,7 @@ ORDER BY 1`, Mode, from, to)
 // about budget jobs by the counters (at least one bucket's worth, cut
 // within a bucket in proportion), and whether the counters know of jobs
 // beyond it.
-func window(buckets []timeBucket, cur, floor, ceil time.Time, budget int, oldest bool) (lo, hi time.Time, more bool) {
+func window(buckets []timeBucket, cur, floor, ceil time.Time, budget float64, oldest bool) (lo, hi time.Time, more bool) {
 	var acc float64
 	if !oldest {
 		for i := len(buckets) - 1; i >= 0; i-- {
@@ -514,8 +598,8 @@ func window(buckets []timeBucket, cur, floor, ceil time.Time, budget int, oldest
 			}
 			to := minTime(b.to, cur)
 			part := float64(b.n) * to.Sub(b.from).Seconds() / b.to.Sub(b.from).Seconds()
-			if acc+part >= float64(budget) && part > 0 {
-				frac := (float64(budget) - acc) / part
+			if acc+part >= budget && part > 0 {
+				frac := (budget - acc) / part
 				lo = to.Add(-time.Duration(frac * float64(to.Sub(b.from))))
 				return maxTime(lo, floor), cur, true
 			}
@@ -529,14 +613,27 @@ func window(buckets []timeBucket, cur, floor, ceil time.Time, budget int, oldest
 		}
 		from := maxTime(b.from, cur)
 		part := float64(b.n) * b.to.Sub(from).Seconds() / b.to.Sub(b.from).Seconds()
-		if acc+part >= float64(budget) && part > 0 {
-			frac := (float64(budget) - acc) / part
+		if acc+part >= budget && part > 0 {
+			frac := (budget - acc) / part
 			hi = from.Add(time.Duration(frac * float64(b.to.Sub(from))))
 			return cur, minTime(hi, ceil), true
 		}
 		acc += part
 	}
 	return cur, ceil, false
+}
+
+// countedIn returns how many finished jobs the counters know of between lo
+// and hi (in proportion for buckets partly within).
+func countedIn(buckets []timeBucket, lo, hi time.Time) float64 {
+	var jobs float64
+	for _, b := range buckets {
+		from, to := maxTime(b.from, lo), minTime(b.to, hi)
+		if b.n > 0 && to.After(from) {
+			jobs += float64(b.n) * to.Sub(from).Seconds() / b.to.Sub(b.from).Seconds()
+		}
+	}
+	return jobs
 }
 
 func maxTime(a, b time.Time) time.Time {

@@ -97,11 +97,17 @@ func statusOf(err error) string {
 // burndownOnce inserts jobs jobs, then times their burn-down, giving up
 // after timeout.
 func burndownOnce(ctx context.Context, env *benchEnv, k kind, jobs int, timeout time.Duration) (burnResult, error) {
-	cfg := env.cfg
-	var r burnResult
 	schema := env.newSchema(k.key)
 	defer env.dropSchema(ctx, schema)
-	sys := k.new(env, schema)
+	return burndownIn(ctx, env, k.label, k.new(env, schema), jobs, timeout)
+}
+
+// burndownIn is burndownOnce on a system whose schema the caller made (and
+// drops): it may hold tables of an earlier phase (history), which Migrate
+// leaves as they are.
+func burndownIn(ctx context.Context, env *benchEnv, label string, sys system, jobs int, timeout time.Duration) (burnResult, error) {
+	cfg := env.cfg
+	var r burnResult
 
 	// Load with one pool, then close it: its backends exit and flush their
 	// statistics before the measurement starts.
@@ -172,7 +178,7 @@ func burndownOnce(ctx context.Context, env *benchEnv, k kind, jobs int, timeout 
 		return r, err
 	}
 	elapsed := time.Since(t0)
-	env.sqlStats("burn-down "+k.label, sys)
+	env.sqlStats("burn-down "+label, sys)
 	u1, err := takeUsage(phase, env, mon, sys)
 	if err != nil {
 		return r, err
@@ -210,7 +216,7 @@ func burndownOnce(ctx context.Context, env *benchEnv, k kind, jobs int, timeout 
 		r.pgCPU, r.pgCPUok = float64(d.Microseconds())/nj, true
 	}
 	if u1.child > 0 {
-		logf("burn-down: %s: client CPU %.1f µs/job, of which the child process %.1f", k.label, r.cpu, float64((u1.child-u0.child).Microseconds())/nj)
+		logf("burn-down: %s: client CPU %.1f µs/job, of which the child process %.1f", label, r.cpu, float64((u1.child-u0.child).Microseconds())/nj)
 	}
 	return r, nil
 }

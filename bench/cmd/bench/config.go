@@ -29,6 +29,9 @@ type config struct {
 	largeJobs    int
 	largeTimeout time.Duration
 
+	historyRows   int
+	historyVacuum bool
+
 	offeredRates  []int
 	offeredWarmup time.Duration
 	offeredDur    time.Duration
@@ -53,14 +56,19 @@ type config struct {
 	totalTimeout time.Duration
 }
 
-var workloadNames = []string{"burndown", "large", "offered", "latency", "idle", "flow"}
+var workloadNames = []string{"burndown", "large", "offered", "latency", "idle", "flow", "history"}
+
+// optInWorkloads run only when -workloads names them.
+var optInWorkloads = []string{"history"}
 
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	quick := fs.Bool("quick", false, "the under-a-minute-or-two variant: fewer jobs, shorter phases, one run each, no 10/s latency rate")
 	only := fs.String("only", "", "systems to run (comma-separated): backlog, backlog-discard, river, river-tuned, floor, graphile (default all, or backlog,river-tuned,floor,graphile with -quick)")
-	wls := fs.String("workloads", "", "workloads to run (comma-separated): burndown, large (the burn-down of -large-jobs jobs), offered, latency, idle, flow (backlog only) (default all, or all but large with -quick)")
+	wls := fs.String("workloads", "", "workloads to run (comma-separated): burndown, large (the burn-down of -large-jobs jobs), offered, latency, idle, flow (backlog only), history (backlog only, opt-in: an empty job_history against one of -history-rows rows) (default all but history, or all but large and history with -quick)")
 	largeJobs := fs.Int("large-jobs", 1_000_000, "jobs of the large burn-down")
+	historyRows := fs.Int("history-rows", 10_000_000, "finished jobs filled into job_history for the history workload")
+	historyVacuum := fs.Bool("history-vacuum", true, "VACUUM job_history after filling it, as autovacuum does an insert-only table (false: ANALYZE and BRIN summaries only)")
 	runs := fs.Int("runs", 0, "runs per system of every workload (flow: its burn-downs), reported as medians with their range (default 3, or 1 with -quick)")
 	jobs := fs.Int("jobs", 0, "burn-down jobs (default 200000, or 20000 with -quick)")
 	out := fs.String("out", "results/latest.md", "also write the report to this file (empty: stdout only)")
@@ -110,6 +118,10 @@ func parseFlags(args []string) (*config, error) {
 	if c.largeJobs < 1 {
 		return nil, fmt.Errorf("-large-jobs must be positive")
 	}
+	c.historyRows, c.historyVacuum = *historyRows, *historyVacuum
+	if c.historyRows < 1 {
+		return nil, fmt.Errorf("-history-rows must be positive")
+	}
 	if *runs > 0 {
 		c.runs = *runs
 	}
@@ -132,10 +144,9 @@ func parseFlags(args []string) (*config, error) {
 		return nil, fmt.Errorf("-only: %w", err)
 	}
 	if *wls == "" {
-		*wls = strings.Join(workloadNames, ",")
-		if c.quick {
-			*wls = strings.Join(slices.DeleteFunc(slices.Clone(workloadNames), func(w string) bool { return w == "large" }), ",")
-		}
+		*wls = strings.Join(slices.DeleteFunc(slices.Clone(workloadNames), func(w string) bool {
+			return slices.Contains(optInWorkloads, w) || c.quick && w == "large"
+		}), ",")
 	}
 	if c.workloads, err = parseList(*wls, workloadNames); err != nil {
 		return nil, fmt.Errorf("-workloads: %w", err)

@@ -115,6 +115,17 @@ func (e *benchEnv) exec(ctx context.Context, sql string) error {
 	return err
 }
 
+// queryRow runs one query of one row on a short-lived connection (as exec)
+// and scans it into dest.
+func (e *benchEnv) queryRow(ctx context.Context, sql string, dest ...any) error {
+	conn, err := e.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return conn.QueryRow(ctx, sql).Scan(dest...)
+}
+
 // sqlStats logs the statements a system sent since the counter's texts were
 // last reset (with -sqlstats).
 func (e *benchEnv) sqlStats(what string, sys system) {

@@ -87,6 +87,7 @@ func run(cfg *config) error {
 	res := newResults()
 	phases := map[string]func(context.Context, *benchEnv, kind, *results){
 		"burndown": runBurndown, "large": runLarge, "offered": runOffered, "latency": runLatency, "idle": runIdle, "flow": runFlow,
+		"history": runHistory,
 	}
 	for _, w := range workloadNames {
 		if !slices.Contains(cfg.workloads, w) {
@@ -106,6 +107,8 @@ func run(cfg *config) error {
 			defineIdleRows(res, env.pgss)
 		case "flow":
 			defineFlowRows(res)
+		case "history":
+			defineHistoryRows(res, cfg.historyRows)
 		}
 		wctx, cancel := ctx, context.CancelFunc(func() {})
 		if w == "offered" {

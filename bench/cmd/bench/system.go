@@ -96,7 +96,7 @@ const (
 )
 
 func allKinds(cfg *config) []kind {
-	all := map[string]bool{"burndown": true, "large": true, "offered": true, "latency": true, "idle": true, "flow": true}
+	all := map[string]bool{"burndown": true, "large": true, "offered": true, "latency": true, "idle": true, "flow": true, "history": true}
 	rt := &nodeRuntime{}
 	return []kind{
 		{key: "backlog", label: "backlog default", workloads: all,
