@@ -12,10 +12,10 @@ import (
 // MigrateHint is the CLI command an ErrNotMigrated names.
 var MigrateHint = migrateHint
 
-// WithVacuumDeadForTest lowers the dead rows of the jobs table past which
-// the maintenance loop vacuums it.
-func WithVacuumDeadForTest(n int64) Option {
-	return queueOption(func(c *config) { c.vacuumDead = n })
+// WithVacuumForTest lowers the dead rows of the jobs table past which the
+// maintenance loop vacuums it, and the live rows it must hold.
+func WithVacuumForTest(dead, live int64) Option {
+	return queueOption(func(c *config) { c.vacuumDead, c.vacuumLive = dead, live })
 }
 
 // WithClock replaces the Queue's wall clock (tests skew it).

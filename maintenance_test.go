@@ -251,12 +251,13 @@ func TestStatsReportTheOldestTransaction(t *testing.T) {
 
 // TestDrainingBacklogVacuumsTheJobsTable: while jobs finish, the
 // maintenance loop vacuums the jobs table once its statistics count the
-// dead rows past the threshold (lowered here from 100,000 to 300): a
+// dead rows past the threshold (lowered here from 100,000 to 300, and the
+// live rows it must hold from 100,000 to 1): a
 // draining backlog's dead entries at the head of the claim indexes would
 // otherwise slow every claim until autovacuum came by.
 func TestDrainingBacklogVacuumsTheJobsTable(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, backlog.WithVacuumDeadForTest(300))
+	e := newEnv(t, backlog.WithVacuumForTest(300, 1))
 	ctx := context.Background()
 	work(t, e.q, backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil }), backlog.Types("vac"))
 	jobs := pgx.Identifier{e.schema, "jobs"}.Sanitize()

@@ -67,11 +67,12 @@ type config struct {
 	// (WithDiscardCompleted): of every type (discardAll), or of these.
 	discardAll bool
 	discard    map[string]bool
-	// vacuumDead: the dead rows of the jobs table past which the
-	// maintenance loop vacuums it (0: its default; tests lower it).
-	vacuumDead int64
-	hooks      Hooks
-	clock      func() time.Time // wall clock; tests skew it
+	// vacuumDead, vacuumLive: the dead rows of the jobs table past which
+	// the maintenance loop vacuums it, and the live ones it must hold (0:
+	// their defaults; tests lower them).
+	vacuumDead, vacuumLive int64
+	hooks                  Hooks
+	clock                  func() time.Time // wall clock; tests skew it
 }
 
 // validate checks a Queue's configuration.

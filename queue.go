@@ -112,7 +112,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (*Queue, error
 	// q.announce, which is set before New returns, so before anything can
 	// be announced.
 	q.maint = maintain.New(q.store, maintain.Config{PollInterval: cfg.pollInterval, SweepInterval: cfg.sweepInterval,
-		CleanInterval: cfg.cleanInterval, KeepFailed: cfg.keepFailed, Retention: maxRetention, VacuumDead: cfg.vacuumDead},
+		CleanInterval: cfg.cleanInterval, KeepFailed: cfg.keepFailed, Retention: maxRetention, VacuumDead: cfg.vacuumDead, VacuumLive: cfg.vacuumLive},
 		log, q.faults, q.committed)
 	q.comp = complete.New(q.store, complete.Config{Lease: cfg.lease, Announce: q.committed,
 		InPlace: q.maint.RetireSoon, Moved: q.maint.FinishedSome}, log, q.faults)

@@ -40,6 +40,7 @@ const (
 	// tick, while jobs finish) vacuums it; vacuumGap the least time since
 	// the last vacuum (store.VacuumJobs).
 	vacuumDead    = 100_000
+	vacuumLive    = 100_000 // and only while it holds this many live ones (store.VacuumJobs)
 	vacuumGap     = summarizeGap
 	vacuumSpacing = 4
 	// sweepSlack is how long after a lease's expiry the sweep looks, at
@@ -109,8 +110,9 @@ type Config struct {
 	// up past it.
 	Retention time.Duration
 	// VacuumDead is how many dead rows the jobs table may hold before the
-	// loop vacuums it (0: vacuumDead).
-	VacuumDead int64
+	// loop vacuums it (0: vacuumDead); VacuumLive how many live rows it
+	// must hold (0: vacuumLive).
+	VacuumDead, VacuumLive int64
 }
 
 // OldTransaction is the age past which the cleaner warns of the oldest
@@ -259,7 +261,11 @@ func (m *Service) vacuumPass(ctx context.Context) {
 		dead = vacuumDead
 	}
 	start := time.Now()
-	r, err := m.store.VacuumJobs(ctx, m.vacuumLeft+dead, max(vacuumGap, vacuumSpacing*m.vacuumTook))
+	live := m.cfg.VacuumLive
+	if live <= 0 {
+		live = vacuumLive
+	}
+	r, err := m.store.VacuumJobs(ctx, m.vacuumLeft+dead, live, max(vacuumGap, vacuumSpacing*m.vacuumTook))
 	switch {
 	case err != nil:
 		if ctx.Err() == nil && !m.faults.Failed("vacuum", err) {

@@ -35,18 +35,24 @@ type VacuumResult struct {
 }
 
 // VacuumJobs vacuums the jobs table when the statistics count at least
-// minDead dead rows in it and no vacuum (its own or autovacuum's) ended
-// within gap. The VACUUM skips the table if another one holds it
+// minDead dead rows and minLive live ones in it and no vacuum (its own or
+// autovacuum's) ended within gap. A vacuum records the table's size for
+// the planner: one of a table that holds few live rows at that moment
+// (a queue keeping up) makes plans for a small table, and if the table
+// then grows (a burst), the finish statements that trust them scan it
+// whole (seen at 10,000-25,000 jobs/s offered: finishes of a second
+// each, the queue stalled). Only a large backlog is vacuumed. The VACUUM skips the table if another one holds it
 // (SKIP_LOCKED) and does not truncate it (which would take an exclusive
 // lock).
-func (s *Store) VacuumJobs(ctx context.Context, minDead int64, gap time.Duration) (VacuumResult, error) {
+func (s *Store) VacuumJobs(ctx context.Context, minDead, minLive int64, gap time.Duration) (VacuumResult, error) {
 	var r VacuumResult
+	var live int64
 	var recent, owner bool
-	err := s.pool.QueryRow(ctx, `SELECT coalesce(t.n_dead_tup, 0),
+	err := s.pool.QueryRow(ctx, `SELECT coalesce(t.n_dead_tup, 0), coalesce(t.n_live_tup, 0),
 		coalesce(greatest(t.last_vacuum, t.last_autovacuum) > now() - $2::bigint * interval '1 millisecond', false),
 		pg_has_role(c.relowner, 'USAGE') OR (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user)
 		FROM pg_class c LEFT JOIN pg_stat_user_tables t ON t.relid = c.oid WHERE c.oid = $1::regclass`,
-		Mode, pgx.Identifier{s.schema, "jobs"}.Sanitize(), gap.Milliseconds()).Scan(&r.Dead, &recent, &owner)
+		Mode, pgx.Identifier{s.schema, "jobs"}.Sanitize(), gap.Milliseconds()).Scan(&r.Dead, &live, &recent, &owner)
 	if err != nil {
 		return r, err
 	}
@@ -54,7 +60,7 @@ func (s *Store) VacuumJobs(ctx context.Context, minDead int64, gap time.Duration
 		r.NotOwner = true
 		return r, nil
 	}
-	if r.Dead < minDead || recent {
+	if r.Dead < minDead || live < minLive || recent {
 		return r, nil
 	}
 	// A utility statement: the simple protocol (it cannot be prepared in

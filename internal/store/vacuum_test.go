@@ -52,7 +52,7 @@ func TestVacuumJobs(t *testing.T) {
 	s, pool, schema := newTestStore(t)
 	deadRows(t, pool, schema, 400)
 
-	r, err := s.VacuumJobs(ctx, 1_000_000, 0)
+	r, err := s.VacuumJobs(ctx, 1_000_000, 0, 0)
 	require.NoError(t, err)
 	require.False(t, r.Vacuumed, "below the threshold")
 	require.GreaterOrEqual(t, r.Dead, int64(400))
@@ -64,14 +64,17 @@ func TestVacuumJobs(t *testing.T) {
 		return n
 	}
 	require.Zero(t, vacuums())
-	r, err = s.VacuumJobs(ctx, 300, 0)
+	r, err = s.VacuumJobs(ctx, 300, 1_000_000, 0)
+	require.NoError(t, err)
+	require.False(t, r.Vacuumed, "the table holds too few live rows")
+	r, err = s.VacuumJobs(ctx, 300, 0, 0)
 	require.NoError(t, err)
 	require.True(t, r.Vacuumed)
 	require.False(t, r.NotOwner)
 	require.Equal(t, 1, vacuums())
 
 	deadRows(t, pool, schema, 400)
-	r, err = s.VacuumJobs(ctx, 300, time.Hour)
+	r, err = s.VacuumJobs(ctx, 300, 0, time.Hour)
 	require.NoError(t, err)
 	require.False(t, r.Vacuumed, "a vacuum ended within the gap")
 	require.Equal(t, 1, vacuums())
@@ -99,7 +102,7 @@ func TestVacuumJobsNotOwner(t *testing.T) {
 	defer other.Close()
 	deadRows(t, pool, schema, 200)
 
-	r, err := New(other, schema).VacuumJobs(ctx, 100, 0)
+	r, err := New(other, schema).VacuumJobs(ctx, 100, 0, 0)
 	require.NoError(t, err)
 	require.True(t, r.NotOwner)
 	require.False(t, r.Vacuumed)
@@ -119,7 +122,7 @@ func TestVacuumJobsReportsWhatItLeft(t *testing.T) {
 	require.NoError(t, err)
 	deadRows(t, pool, schema, 400)
 
-	r, err := s.VacuumJobs(ctx, 300, 0)
+	r, err := s.VacuumJobs(ctx, 300, 0, 0)
 	require.NoError(t, err)
 	require.True(t, r.Vacuumed)
 	require.GreaterOrEqual(t, r.Left, int64(400), "the open snapshot keeps the dead rows")
