@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/backlogq/backlog/internal/outage"
+	"github.com/backlogq/backlog/internal/pgerr"
 	"github.com/backlogq/backlog/internal/posting"
 	"github.com/backlogq/backlog/internal/run"
 	"github.com/backlogq/backlog/internal/store"
@@ -267,7 +268,13 @@ func (m *Service) vacuumPass(ctx context.Context) {
 	}
 	r, err := m.store.VacuumJobs(ctx, m.vacuumLeft+dead, live, max(vacuumGap, vacuumSpacing*m.vacuumTook))
 	switch {
+	case pgerr.Code(err) == "57014" && ctx.Err() == nil:
+		// Cancelled by the role's statement_timeout: it would be every
+		// time (not an outage); leave the table to autovacuum.
+		m.noVacuum = true
+		m.log.Info("backlog: vacuuming the jobs table outlasts the pool's statement_timeout; autovacuum alone removes its dead rows", "err", err)
 	case err != nil:
+		m.vacuumTook = time.Since(start) // back off as after a vacuum that long
 		if ctx.Err() == nil && !m.faults.Failed("vacuum", err) {
 			m.log.Warn("backlog: vacuuming the jobs table failed", "err", err)
 		}

@@ -75,14 +75,6 @@ func (s *Store) commitKnown(ctx context.Context, tx pgx.Tx, xid int64, tl string
 	return s.resolveCommit(ctx, xid, tl, err)
 }
 
-// pipelines reports whether statements with parameters may be sent in a
-// batch on the pool: a batch runs in the pool's default query mode, and
-// [16]byte IDs need a mode that asks the server for parameter types.
-func (s *Store) pipelines() bool {
-	m := s.pool.Config().ConnConfig.DefaultQueryExecMode
-	return m == pgx.QueryExecModeCacheStatement || m == pgx.QueryExecModeCacheDescribe
-}
-
 // resolveCommit asks, until the answer is final or ctx ends, whether
 // transaction xid of timeline tl committed. Asked on another timeline (a
 // failover came between), it cannot know: the ID may name another

@@ -321,7 +321,7 @@ func (s *Store) finishOnce(ctx context.Context, a *finishArrays, exclude [][16]b
 	var tl string
 	var graph [][16]byte
 	var err error
-	if s.pipelines() {
+	if s.pipelines {
 		// BEGIN and the finish in one round trip; COMMIT is sent once the
 		// transaction's ID is known.
 		b := &pgx.Batch{}

@@ -89,6 +89,10 @@ type Store struct {
 	// The pool's default isolation, once known (strictSessions).
 	isoMu               sync.Mutex
 	isoKnown, isoStrict bool
+	// pipelines: the pool's default query mode describes statements, so
+	// a batch may carry [16]byte parameters (the pool's config, read once:
+	// Config copies it).
+	pipelines bool
 
 	sql struct {
 		insert, insertKeyed, insertMeta, claim, get, notify, notifyAsync, now string
@@ -123,6 +127,10 @@ func ChannelName(schema string) string { return schema + ".backlog" }
 // validated as a plain identifier.
 func New(pool *pgxpool.Pool, schema string) *Store {
 	s := &Store{pool: pool, schema: schema, channel: ChannelName(schema), keepCompleted: 24 * time.Hour, keepFailed: 7 * 24 * time.Hour}
+	if pool != nil { // nil: a store for statement text only (tests)
+		m := pool.Config().ConnConfig.DefaultQueryExecMode
+		s.pipelines = m == pgx.QueryExecModeCacheStatement || m == pgx.QueryExecModeCacheDescribe
+	}
 	s.jobs = pgx.Identifier{schema, "jobs"}.Sanitize()
 	s.history = pgx.Identifier{schema, "job_history"}.Sanitize()
 	s.edges = pgx.Identifier{schema, "job_edges"}.Sanitize()

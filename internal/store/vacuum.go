@@ -49,7 +49,8 @@ func (s *Store) VacuumJobs(ctx context.Context, minDead, minLive int64, gap time
 	var live int64
 	var recent, owner bool
 	err := s.pool.QueryRow(ctx, `SELECT coalesce(t.n_dead_tup, 0), coalesce(t.n_live_tup, 0),
-		coalesce(greatest(t.last_vacuum, t.last_autovacuum) > now() - $2::bigint * interval '1 millisecond', false),
+		coalesce(greatest(t.last_vacuum, t.last_autovacuum) > now() - $2::bigint * interval '1 millisecond', false)
+			OR EXISTS (SELECT 1 FROM pg_stat_progress_vacuum p WHERE p.relid = c.oid),
 		pg_has_role(c.relowner, 'USAGE') OR (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user)
 		FROM pg_class c LEFT JOIN pg_stat_user_tables t ON t.relid = c.oid WHERE c.oid = $1::regclass`,
 		Mode, pgx.Identifier{s.schema, "jobs"}.Sanitize(), gap.Milliseconds()).Scan(&r.Dead, &live, &recent, &owner)
