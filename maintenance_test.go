@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
+	"github.com/backlogq/backlog/internal/testdb"
 )
 
 func TestRetentionDropsExpiredHistory(t *testing.T) {
@@ -279,4 +280,40 @@ func TestDrainingBacklogVacuumsTheJobsTable(t *testing.T) {
 		require.NoError(t, err)
 		<-time.After(50 * time.Millisecond)
 	}
+}
+
+// TestVacuumDoesNotHoldUpTheMaintenanceLoop: the loop's vacuum of the jobs
+// table runs beside it, not in it: while a vacuum runs (slowed here by a
+// cost delay to many seconds, as one of a large table on a busy server
+// can be), a scheduled job still becomes due and runs, and closing the
+// Queue stops the vacuum.
+func TestVacuumDoesNotHoldUpTheMaintenanceLoop(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.PoolWith(t, 8, map[string]string{"vacuum_cost_delay": "100", "vacuum_cost_limit": "1"})
+	e := &env{t: t, pool: pool, schema: testdb.Schema(t)}
+	e.q = e.queue(pool, backlog.WithVacuumForTest(300, 1))
+	require.NoError(t, e.q.Migrate(ctx))
+	work(t, e.q, backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil }), backlog.Types("vac"))
+	jobs := pgx.Identifier{e.schema, "jobs"}.Sanitize()
+	vacuuming := func() bool {
+		var running bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_progress_vacuum WHERE relid = $1::regclass)`, jobs).Scan(&running))
+		return running
+	}
+	specs := make([]backlog.JobSpec, 200)
+	for i := range specs {
+		specs[i] = backlog.JobSpec{Type: "vac"}
+	}
+	deadline := time.Now().Add(40 * time.Second)
+	for !vacuuming() {
+		require.True(t, time.Now().Before(deadline), "the jobs table was never vacuumed")
+		_, err := e.q.EnqueueMany(ctx, specs)
+		require.NoError(t, err)
+		<-time.After(50 * time.Millisecond)
+	}
+	id, err := e.q.Enqueue(ctx, "vac", nil, backlog.Delay(300*time.Millisecond))
+	require.NoError(t, err)
+	e.waitState(id, 20*time.Second, backlog.StateCompleted)
+	require.True(t, vacuuming(), "the vacuum ended before the scheduled job ran: the test proves nothing (slow it more)")
 }

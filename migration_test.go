@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog"
@@ -111,16 +110,10 @@ func TestMigrateDownAndUp(t *testing.T) {
 func TestMigrateShortStatementTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testdb.URL())
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "100"
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "100"
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := testdb.PoolWith(t, 8, map[string]string{"statement_timeout": "100", "lock_timeout": "100"})
 	schema := testdb.Schema(t)
 	qs := make([]*backlog.Queue, 3)
+	var err error
 	for i := range qs {
 		qs[i], err = backlog.New(ctx, pool, backlog.WithSchema(schema), backlog.WithLogger(logger(t)))
 		require.NoError(t, err)

@@ -84,15 +84,20 @@ type Service struct {
 	sweepBusy   time.Duration // backoff while expired leases cannot be swept
 
 	finished atomic.Bool // jobs moved to job_history since the last summary
-	noVacuum bool        // the role may not vacuum the jobs table (loop only)
-	// vacuumLeft: the dead rows the loop's last vacuum could not remove
-	// (loop only): a vacuum waits for vacuumDead more, so that a long
-	// transaction holding them back does not make it vacuum in vain
-	// every tick.
+
+	// vacuuming: a vacuum of the jobs table runs in its own goroutine (at
+	// most one at a time; the loop goes on promoting, sweeping and
+	// retiring meanwhile). The fields below belong to that goroutine: one
+	// runs only after the previous one cleared vacuuming.
+	vacuuming atomic.Bool
+	noVacuum  bool // the role may not vacuum the jobs table
+	// vacuumLeft: the dead rows the last vacuum could not remove: a
+	// vacuum waits for vacuumDead more, so that a long transaction holding
+	// them back does not make it vacuum in vain every tick.
 	vacuumLeft int64
-	// vacuumTook: how long the loop's last vacuum took (loop only); the
-	// next waits at least vacuumSpacing times that, so that vacuuming a
-	// large table keeps to a fraction of the time.
+	// vacuumTook: how long the last vacuum took; the next waits at least
+	// vacuumSpacing times that, so that vacuuming a large table keeps to a
+	// fraction of the time.
 	vacuumTook time.Duration
 
 	mu        sync.Mutex
@@ -229,7 +234,7 @@ func (m *Service) loop(ctx context.Context) {
 			} else if err == nil {
 				m.faults.OK("summaries")
 			}
-			m.vacuumPass(ctx)
+			m.vacuumPass()
 			continue
 		}
 		wait := min(promoteAt.Sub(now), nextSweep.Sub(now), nextClean.Sub(now))
@@ -250,10 +255,26 @@ func (m *Service) loop(ctx context.Context) {
 	}
 }
 
-// vacuumPass vacuums the jobs table once it holds vacuumDead dead rows
+// vacuumPass starts a vacuum of the jobs table in the service's group
+// unless one runs: a VACUUM of a large table takes a while (0.2 s at a
+// million rows, longer past it, far longer under a cost delay), and the
+// loop must not stop promoting, sweeping and retiring for it.
+func (m *Service) vacuumPass() {
+	if !m.vacuuming.CompareAndSwap(false, true) {
+		return
+	}
+	if !m.group.Go(func(ctx context.Context) {
+		defer m.vacuuming.Store(false)
+		m.vacuum(ctx)
+	}) {
+		m.vacuuming.Store(false) // stopping
+	}
+}
+
+// vacuum vacuums the jobs table once it holds vacuumDead dead rows
 // (store.VacuumJobs: a draining backlog's dead index entries slow every
 // claim), unless the role may not.
-func (m *Service) vacuumPass(ctx context.Context) {
+func (m *Service) vacuum(ctx context.Context) {
 	if m.noVacuum {
 		return
 	}
@@ -268,11 +289,17 @@ func (m *Service) vacuumPass(ctx context.Context) {
 	}
 	r, err := m.store.VacuumJobs(ctx, m.vacuumLeft+dead, live, max(vacuumGap, vacuumSpacing*m.vacuumTook))
 	switch {
-	case pgerr.Code(err) == "57014" && ctx.Err() == nil:
+	case pgerr.StatementTimeout(err) && ctx.Err() == nil:
 		// Cancelled by the role's statement_timeout: it would be every
-		// time (not an outage); leave the table to autovacuum.
+		// time (not an outage); leave the table to autovacuum. (A
+		// migration cancels a running one too: that is the case below.)
 		m.noVacuum = true
 		m.log.Info("backlog: vacuuming the jobs table outlasts the pool's statement_timeout; autovacuum alone removes its dead rows", "err", err)
+	case pgerr.Code(err) == "57014" && ctx.Err() == nil:
+		// Cancelled on request: a migration that needs the table does so
+		// (migrate.cancelVacuum). Not a fault; vacuum again later.
+		m.vacuumTook = time.Since(start)
+		m.log.Info("backlog: the vacuum of the jobs table was cancelled (by a migration?); it runs again later", "err", err)
 	case err != nil:
 		m.vacuumTook = time.Since(start) // back off as after a vacuum that long
 		if ctx.Err() == nil && !m.faults.Failed("vacuum", err) {

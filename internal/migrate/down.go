@@ -70,6 +70,9 @@ func downOne(ctx context.Context, pool *pgxpool.Pool, schema string, ms []Migrat
 	if _, err := tx.Exec(ctx, `SELECT set_config('search_path', $1, true)`, q); err != nil {
 		return 0, false, fmt.Errorf("migrate: search_path: %w", err)
 	}
+	if err := cancelVacuum(ctx, tx, schema); err != nil {
+		return 0, false, err
+	}
 	if _, err := tx.Exec(ctx, m.Down); err != nil {
 		return 0, false, fmt.Errorf("migrate: reverting %d_%s: %w", m.Version, m.Name, err)
 	}

@@ -90,3 +90,22 @@ func retryLocks(ctx context.Context, schema string, attempt func() error) error 
 		pause = min(2*pause, LockPauseMax)
 	}
 }
+
+// cancelVacuum cancels the VACUUM of the schema's jobs table that a
+// maintenance loop runs (store.VacuumStatement, whose text this matches),
+// if one runs: the migration's ACCESS EXCLUSIVE lock would wait for it,
+// and every claim would queue behind that wait. The loop vacuums again
+// later (and none starts while the migration holds its locks: it skips a
+// locked table). An operator's own VACUUM and autovacuum are left alone
+// (autovacuum cancels itself for the lock), as is a vacuum by a role
+// whose statements this one may not cancel.
+func cancelVacuum(ctx context.Context, tx pgx.Tx, schema string) error {
+	_, err := tx.Exec(ctx, `SELECT pg_cancel_backend(a.pid)
+		FROM pg_stat_progress_vacuum p JOIN pg_stat_activity a ON a.pid = p.pid
+		WHERE p.relid = to_regclass($1) AND a.backend_type = 'client backend' AND pg_has_role(a.usesysid, 'USAGE')
+			AND a.query LIKE 'VACUUM (SKIP\_LOCKED, TRUNCATE false) %'`, pgx.Identifier{schema, "jobs"}.Sanitize())
+	if err != nil {
+		return fmt.Errorf("migrate: cancelling the maintenance vacuum of %s.jobs: %w", schema, err)
+	}
+	return nil
+}

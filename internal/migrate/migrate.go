@@ -145,6 +145,9 @@ func up(ctx context.Context, pool *pgxpool.Pool, schema string, ms []Migration) 
 			return nil, fmt.Errorf("migrate: version table: %w", err)
 		}
 	}
+	if err := cancelVacuum(ctx, tx, schema); err != nil {
+		return nil, err
+	}
 	var applied []int64
 	current, by := st.Version, st.MigratedBy
 	for _, m := range pending {

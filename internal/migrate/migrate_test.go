@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/backlogq/backlog/internal/pgerr"
+	"github.com/backlogq/backlog/internal/store"
 	"github.com/backlogq/backlog/internal/testdb"
 	"github.com/backlogq/backlog/migrations"
 )
@@ -31,26 +31,6 @@ func with(ms []Migration, name, up, down string) []Migration {
 	return append(out, Migration{Version: ms[len(ms)-1].Version + 1, Name: name, SQL: up, Down: down, HasDown: true})
 }
 
-// poolWith opens a pool whose sessions have the given settings, as an
-// application's pool may (closed when the test ends).
-func poolWith(t *testing.T, params map[string]string) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range params {
-		cfg.ConnConfig.RuntimeParams[k] = v
-	}
-	cfg.MaxConns = 8
-	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	return p
-}
-
 // setLocks shortens the lock waits for one test (not parallel: they are
 // package variables).
 func setLocks(t *testing.T, timeout, retryFor time.Duration) {
@@ -68,7 +48,7 @@ func setLocks(t *testing.T, timeout, retryFor time.Duration) {
 func TestUpUnderShortStatementTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := poolWith(t, map[string]string{"statement_timeout": "100", "lock_timeout": "50", "idle_in_transaction_session_timeout": "100"})
+	pool := testdb.PoolWith(t, 8, map[string]string{"statement_timeout": "100", "lock_timeout": "50", "idle_in_transaction_session_timeout": "100"})
 	schema := testdb.Schema(t)
 	ms := with(embedded(t), "slow", `SELECT pg_sleep(0.3);`, `SELECT pg_sleep(0.3);`)
 	newest := ms[len(ms)-1].Version
@@ -217,5 +197,70 @@ func TestExportRefuses(t *testing.T) {
 	}
 	if _, err := Export(ms, `back"log`, FormatGoose); err == nil {
 		t.Fatal("exported for a schema name backlog refuses")
+	}
+}
+
+// TestUpCancelsTheMaintenanceVacuum: a migration that needs the jobs
+// table does not queue behind the maintenance loop's VACUUM of it (nor
+// make every claim queue behind its own wait): it cancels the vacuum and
+// applies at once. The vacuum here is the store's own, slowed by a cost
+// delay so that it outlasts every lock wait the migration would make.
+func TestUpCancelsTheMaintenanceVacuum(t *testing.T) {
+	setLocks(t, 200*time.Millisecond, 600*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	pool := testdb.Pool(t)
+	schema := testdb.Schema(t)
+	ms := embedded(t)
+	if _, err := Up(ctx, pool, schema, ms); err != nil {
+		t.Fatal(err)
+	}
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	if _, err := pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args) SELECT gen_random_uuid(), 'v', '{}' FROM generate_series(1, 5000)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM `+jobs+` WHERE random() < 0.5`); err != nil {
+		t.Fatal(err)
+	}
+	slow := testdb.PoolWith(t, 8, map[string]string{"vacuum_cost_delay": "100", "vacuum_cost_limit": "1"})
+	vacuumed := make(chan error, 1)
+	// vacuum starts the store's vacuum of jobs and returns once it runs.
+	vacuum := func() {
+		go func() {
+			_, err := store.New(slow, schema).VacuumJobs(ctx, 0, 0, 0)
+			vacuumed <- err
+		}()
+		for {
+			var running bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_progress_vacuum WHERE relid = $1::regclass)`, jobs).Scan(&running); err != nil {
+				t.Fatal(err)
+			}
+			if running {
+				break
+			}
+			select {
+			case err := <-vacuumed:
+				t.Fatalf("the slowed vacuum ended before the migration: %v", err)
+			case <-ctx.Done():
+				t.Fatal("the vacuum never started")
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	vacuum()
+	ms = with(ms, "alter", `ALTER TABLE jobs ADD COLUMN x integer;`, `ALTER TABLE jobs DROP COLUMN x;`)
+	if _, err := Up(ctx, pool, schema, ms); err != nil {
+		t.Fatalf("Up behind the maintenance vacuum: %v", err)
+	}
+	if err := <-vacuumed; pgerr.Code(err) != "57014" || pgerr.StatementTimeout(err) {
+		t.Fatalf("the vacuum was not cancelled by the migration: %v", err)
+	}
+	// Down cancels it the same way.
+	vacuum()
+	if _, err := Down(ctx, pool, schema, ms, 1); err != nil {
+		t.Fatalf("Down behind the maintenance vacuum: %v", err)
+	}
+	if err := <-vacuumed; pgerr.Code(err) != "57014" {
+		t.Fatalf("the vacuum was not cancelled by the down migration: %v", err)
 	}
 }

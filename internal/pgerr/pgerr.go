@@ -82,3 +82,12 @@ func DuplicateKey(err error, constraint string) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == constraint
 }
+
+// StatementTimeout reports whether err says statement_timeout cancelled
+// the statement (57014 is also a cancel request's, pg_cancel_backend's;
+// the message tells them apart where the server speaks English, and a
+// localized one counts as a cancel request).
+func StatementTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014" && strings.Contains(pgErr.Message, "statement timeout")
+}

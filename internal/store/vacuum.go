@@ -22,6 +22,12 @@ import (
 // finish, how many dead rows the jobs table holds, and vacuums it past a
 // threshold.
 
+// VacuumStatement begins the VACUUM that VacuumJobs runs (the table's
+// name follows): a migration that needs the jobs table cancels one it
+// finds running (pg_stat_activity.query) rather than queue behind it, and
+// every claim with it.
+const VacuumStatement = "VACUUM (SKIP_LOCKED, TRUNCATE false) "
+
 // VacuumResult is what one VacuumJobs call did.
 type VacuumResult struct {
 	Dead     int64 // dead rows the statistics counted in the jobs table
@@ -30,7 +36,8 @@ type VacuumResult struct {
 	// snapshot may still see them): they count again until one can.
 	Left int64
 	// NotOwner: the pool's role may not vacuum the table (it neither owns
-	// it nor is a superuser): nothing was done.
+	// it nor is a superuser, nor holds PostgreSQL 17's MAINTAIN on it):
+	// nothing was done.
 	NotOwner bool
 }
 
@@ -52,6 +59,7 @@ func (s *Store) VacuumJobs(ctx context.Context, minDead, minLive int64, gap time
 		coalesce(greatest(t.last_vacuum, t.last_autovacuum) > now() - $2::bigint * interval '1 millisecond', false)
 			OR EXISTS (SELECT 1 FROM pg_stat_progress_vacuum p WHERE p.relid = c.oid),
 		pg_has_role(c.relowner, 'USAGE') OR (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user)
+			OR (current_setting('server_version_num')::int >= 170000 AND has_table_privilege(c.oid, 'MAINTAIN'))
 		FROM pg_class c LEFT JOIN pg_stat_user_tables t ON t.relid = c.oid WHERE c.oid = $1::regclass`,
 		Mode, pgx.Identifier{s.schema, "jobs"}.Sanitize(), gap.Milliseconds()).Scan(&r.Dead, &live, &recent, &owner)
 	if err != nil {
@@ -64,10 +72,7 @@ func (s *Store) VacuumJobs(ctx context.Context, minDead, minLive int64, gap time
 	if r.Dead < minDead || live < minLive || recent {
 		return r, nil
 	}
-	// A utility statement: the simple protocol (it cannot be prepared in
-	// every pooler's mode, and runs outside a transaction block).
-	if _, err := s.pool.Exec(ctx, `VACUUM (SKIP_LOCKED, TRUNCATE false) `+pgx.Identifier{s.schema, "jobs"}.Sanitize(),
-		pgx.QueryExecModeSimpleProtocol); err != nil {
+	if err := s.vacuum(ctx); err != nil {
 		return r, err
 	}
 	r.Vacuumed = true
@@ -75,3 +80,46 @@ func (s *Store) VacuumJobs(ctx context.Context, minDead, minLive int64, gap time
 		Mode, pgx.Identifier{s.schema, "jobs"}.Sanitize()).Scan(&r.Left)
 	return r, err
 }
+
+// vacuum runs the VACUUM on a connection of its own and, if ctx ends
+// first, cancels it on the server: a pool's connection gives up on a
+// cancelled context by closing the socket, and the server would go on
+// vacuuming (holding the lock a migration or a DROP needs) until it next
+// wrote to the client, which a VACUUM does only at its end.
+func (s *Store) vacuum(ctx context.Context) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	ran, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRun()
+	finished := make(chan struct{})
+	cancelled := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(cancelled)
+		cctx, cancel := context.WithTimeout(context.Background(), vacuumCancelWait)
+		defer cancel()
+		_ = conn.Conn().PgConn().CancelRequest(cctx)
+		select { // the server answers a cancel at once; else give up the connection
+		case <-finished:
+		case <-cctx.Done():
+			cancelRun()
+		}
+	})
+	// A utility statement: the simple protocol (it cannot be prepared in
+	// every pooler's mode, and runs outside a transaction block).
+	_, err = conn.Exec(ran, VacuumStatement+pgx.Identifier{s.schema, "jobs"}.Sanitize(), pgx.QueryExecModeSimpleProtocol)
+	close(finished)
+	if !stop() {
+		<-cancelled
+		if err == nil {
+			err = ctx.Err()
+		}
+	}
+	return err
+}
+
+// vacuumCancelWait bounds how long a cancelled vacuum waits for the
+// server to stop it before closing its connection.
+const vacuumCancelWait = 5 * time.Second

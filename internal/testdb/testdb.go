@@ -68,9 +68,21 @@ func Pool(t testing.TB) *pgxpool.Pool {
 // NewPool opens a pool of its own, closed when the test ends.
 func NewPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	t.Helper()
+	return PoolWith(t, maxConns, nil)
+}
+
+// PoolWith opens a pool of its own whose sessions have the given settings
+// (as an application's pool may), closed when the test ends, after the
+// cleanups registered later (a Queue's Close, which releases its
+// connections).
+func PoolWith(t testing.TB, maxConns int32, params map[string]string) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(URL())
 	if err != nil {
 		t.Fatalf("testdb: parsing DATABASE_URL: %v", err)
+	}
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
 	}
 	cfg.MaxConns = maxConns
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
