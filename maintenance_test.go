@@ -316,4 +316,18 @@ func TestVacuumDoesNotHoldUpTheMaintenanceLoop(t *testing.T) {
 	require.NoError(t, err)
 	e.waitState(id, 20*time.Second, backlog.StateCompleted)
 	require.True(t, vacuuming(), "the vacuum ended before the scheduled job ran: the test proves nothing (slow it more)")
+
+	// Closing the Queue stops the vacuum on the server at once (a dropped
+	// connection alone would leave it running, holding its lock: the
+	// server does not notice a closed client while it vacuums), so Close
+	// does not wait for the store's fallback (5 s, then the connection is
+	// dropped).
+	closing := time.Now()
+	require.NoError(t, e.q.Close())
+	require.Less(t, time.Since(closing), 4*time.Second, "Close waited for the vacuum")
+	deadline = closing.Add(4 * time.Second)
+	for vacuuming() {
+		require.True(t, time.Now().Before(deadline), "the vacuum ran on after the Queue closed")
+		<-time.After(20 * time.Millisecond)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/backlogq/backlog/internal/pgerr"
 	"github.com/backlogq/backlog/internal/store"
@@ -29,6 +30,28 @@ func embedded(t *testing.T) []Migration {
 func with(ms []Migration, name, up, down string) []Migration {
 	out := append([]Migration(nil), ms...)
 	return append(out, Migration{Version: ms[len(ms)-1].Version + 1, Name: name, SQL: up, Down: down, HasDown: true})
+}
+
+// awaitTrue polls query (one boolean, of arg) until it is true; it fails
+// the test with early if ended delivers first, with never if ctx ends.
+func awaitTrue(ctx context.Context, t *testing.T, pool *pgxpool.Pool, query string, arg any, ended <-chan error, early, never string) {
+	t.Helper()
+	for {
+		var ok bool
+		if err := pool.QueryRow(ctx, query, arg).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			return
+		}
+		select {
+		case err := <-ended:
+			t.Fatalf("%s: %v", early, err)
+		case <-ctx.Done():
+			t.Fatal(never)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // setLocks shortens the lock waits for one test (not parallel: they are
@@ -112,23 +135,8 @@ func TestUpRetriesLocks(t *testing.T) {
 		up <- err
 	}()
 	// Wait until the migration waits for its lock.
-	for {
-		var waiting bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE relation = $1::regclass AND NOT granted AND mode = 'AccessExclusiveLock')`,
-			jobs).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			break
-		}
-		select {
-		case err := <-up:
-			t.Fatalf("Up returned while jobs was held: %v", err)
-		case <-ctx.Done():
-			t.Fatal("the migration never waited for jobs")
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	awaitTrue(ctx, t, pool, `SELECT EXISTS (SELECT FROM pg_locks WHERE relation = $1::regclass AND NOT granted AND mode = 'AccessExclusiveLock')`,
+		jobs, up, "Up returned while jobs was held", "the migration never waited for jobs")
 	// The queue goes on: a statement on jobs gets through within a few
 	// lock timeouts (it would wait for the long transaction otherwise).
 	for range 5 {
@@ -230,22 +238,8 @@ func TestUpCancelsTheMaintenanceVacuum(t *testing.T) {
 			_, err := store.New(slow, schema).VacuumJobs(ctx, 0, 0, 0)
 			vacuumed <- err
 		}()
-		for {
-			var running bool
-			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_progress_vacuum WHERE relid = $1::regclass)`, jobs).Scan(&running); err != nil {
-				t.Fatal(err)
-			}
-			if running {
-				break
-			}
-			select {
-			case err := <-vacuumed:
-				t.Fatalf("the slowed vacuum ended before the migration: %v", err)
-			case <-ctx.Done():
-				t.Fatal("the vacuum never started")
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
+		awaitTrue(ctx, t, pool, `SELECT EXISTS (SELECT FROM pg_stat_progress_vacuum WHERE relid = $1::regclass)`,
+			jobs, vacuumed, "the slowed vacuum ended before the migration", "the vacuum never started")
 	}
 	vacuum()
 	ms = with(ms, "alter", `ALTER TABLE jobs ADD COLUMN x integer;`, `ALTER TABLE jobs DROP COLUMN x;`)

@@ -142,27 +142,35 @@ func TestListPagesSeeEveryJobOnce(t *testing.T) {
 		for _, oldest := range []bool{false, true} {
 			f := c.f
 			f.Limit, f.Scan, f.Oldest = 37, 400, oldest // small pages and budgets: many pages
-			seen := map[uuid.UUID]bool{}
-			var prev *Row
-			for pagesRead := 0; ; pagesRead++ {
-				require.Less(t, pagesRead, 10_000, "the listing does not end")
-				res, err := s.List(ctx, f)
-				require.NoError(t, err)
-				for _, r := range res.Rows {
-					require.False(t, seen[r.ID], "job %s listed twice", r.ID)
-					seen[r.ID] = true
-					if prev != nil {
-						requireInOrder(t, *prev, r, oldest)
-					}
-					prev = &r
-				}
-				if res.Next == nil {
-					break
-				}
-				f.After = res.Next
-			}
+			seen := listAll(ctx, t, s, f, 10_000)
 			require.Equal(t, count(c.where), len(seen), fmt.Sprintf("%+v oldest %v", c.f, oldest))
 		}
+	}
+}
+
+// listAll reads the listing f page by page (at most maxPages) and returns
+// the jobs it listed, checking that none is listed twice and that each
+// comes after the one before (requireInOrder).
+func listAll(ctx context.Context, t *testing.T, s *Store, f ListQuery, maxPages int) map[uuid.UUID]bool {
+	t.Helper()
+	seen := map[uuid.UUID]bool{}
+	var prev *Row
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, maxPages, "the listing does not end")
+		res, err := s.List(ctx, f)
+		require.NoError(t, err)
+		for _, r := range res.Rows {
+			require.False(t, seen[r.ID], "job %s listed twice", r.ID)
+			seen[r.ID] = true
+			if prev != nil {
+				requireInOrder(t, *prev, r, f.Oldest)
+			}
+			prev = &r
+		}
+		if res.Next == nil {
+			return seen
+		}
+		f.After = res.Next
 	}
 }
 
@@ -277,25 +285,7 @@ func TestListFindsTheJobsOfABurst(t *testing.T) {
 		// Page by page, every job once, in order (windows over the cap
 		// are left unread, not skipped).
 		f := ListQuery{Limit: 2000, Scan: DefaultScan, Oldest: oldest}
-		seen := map[uuid.UUID]bool{}
-		var prev *Row
-		for pages := 0; ; pages++ {
-			require.Less(t, pages, 1000, "the listing does not end")
-			res, err := s.List(ctx, f)
-			require.NoError(t, err)
-			for _, r := range res.Rows {
-				require.False(t, seen[r.ID], "job %s listed twice", r.ID)
-				seen[r.ID] = true
-				if prev != nil {
-					requireInOrder(t, *prev, r, oldest)
-				}
-				prev = &r
-			}
-			if res.Next == nil {
-				break
-			}
-			f.After = res.Next
-		}
+		seen := listAll(ctx, t, s, f, 1000)
 		require.Len(t, seen, 100_000, "oldest %v", oldest)
 	}
 }
