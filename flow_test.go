@@ -654,6 +654,59 @@ func TestMigration26RollingUpgrade(t *testing.T) {
 	limitedAcrossProcesses(t, 26, "v25", "v25limited", backlog.Limit{Concurrency: 2}, backlog.Limit{Concurrency: 1000})
 }
 
+// TestMigration27RollingUpgrade: processes of version 26 keep running
+// against a schema at 0027, which replaced only claim_type's body (same
+// signature; claim_jobs calls it, and the claim statement a process sends
+// is the same in versions 26 and 27). Three processes work jobs of 30 keys
+// limited to 2 each, a key with many jobs and keys with one, and jobs
+// without a key: every job completes in one attempt, no key ever runs
+// more than 2 at once, and the limit is used.
+func TestMigration27RollingUpgrade(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	st, err := e.q.MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, st.Version, int64(27))
+	require.NoError(t, e.q.SetLimit(ctx, "v26keys", backlog.Limit{KeyConcurrency: 2}))
+	var specs []backlog.JobSpec
+	for i := range 300 {
+		key := fmt.Sprintf("k%02d", i%30)
+		if i%3 == 0 {
+			key = "big"
+		}
+		a := keyArgs{Key: key}
+		opts := []backlog.EnqueueOption{backlog.ConcurrencyKey(key)}
+		if i%10 == 1 {
+			a, opts = keyArgs{}, nil
+		}
+		specs = append(specs, backlog.JobSpec{Type: "v26keys", Args: a, Options: opts})
+	}
+	_, err = e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	g := newGauge()
+	h := backlog.HandleJSON(func(ctx context.Context, job *backlog.Job, a keyArgs) error {
+		g.enter(a.Key)
+		defer g.leave(a.Key)
+		select {
+		case <-time.After(2 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	for range 3 {
+		work(t, e.queue(testdb.NewPool(t, 4)), h, backlog.Concurrency(10), backlog.Types("v26keys"))
+	}
+	e.waitCount(`state = 'completed'`, len(specs), 60*time.Second)
+	require.Zero(t, e.count(`attempt <> 1`), "jobs that ran more than once")
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for k, p := range g.keyPeak {
+		require.LessOrEqual(t, p, 2, "jobs of key %s running at once", k)
+	}
+	require.Equal(t, 2, g.keyPeak["big"], "the big key never ran 2 at once: its limit went unused")
+}
+
 // limitedAcrossProcesses runs 600 jobs of type plain and 40 of type
 // limited, whose limit is lim (at most 2 at once), in three processes
 // against a schema at version (or later), plain's limit being plainLim

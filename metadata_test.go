@@ -376,3 +376,11 @@ func TestMigration26DownRestoresVersion25(t *testing.T) {
 	t.Parallel()
 	migrationDownRestores(t, 26)
 }
+
+// TestMigration27DownRestoresVersion26: the same for 0027 (a keyed claim
+// walks as many keys as the room it needs): claim_type returns to its
+// version 26 definition.
+func TestMigration27DownRestoresVersion26(t *testing.T) {
+	t.Parallel()
+	migrationDownRestores(t, 27)
+}

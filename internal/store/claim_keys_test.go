@@ -173,3 +173,38 @@ func TestKeyedClaimReadsFewIndexEntries(t *testing.T) {
 	require.Equal(t, 10, n)
 	require.Less(t, read, int64(500), "a claim of 10 keyed jobs fetched %d rows through indexes", read)
 }
+
+// TestKeyedClaimWalksKeysForTheRoomItNeeds pins the walk of version 27: a
+// key under a key limit counts for the room the limit leaves it, so a
+// claim walks only as many keys as cover its need and takes up to each
+// key's room from them, and the next claim goes on after the last key it
+// served. When the keys it walked run short (fewer jobs than room), the
+// walk goes on from where it stopped: the claim still fills from the keys
+// after them.
+func TestKeyedClaimWalksKeysForTheRoomItNeeds(t *testing.T) {
+	s, _, _ := newTestStore(t)
+	ctx := context.Background()
+	_, err := s.SetLimit(ctx, LimitRow{Type: "room", KeyConcurrency: 2})
+	require.NoError(t, err)
+	addKeyed(t, s, "room", "available", 0, "a/1", "a/2", "a/3", "b/1", "b/2", "b/3", "c/1", "c/2", "c/3")
+	got, limited := keyedClaim(t, s, "room", 4, 4)
+	require.Equal(t, []string{"a/1", "b/1", "a/2", "b/2"}, got, "two keys' room covers the need: c is not walked")
+	require.EqualValues(t, 0, limited)
+	got, _ = keyedClaim(t, s, "room", 2, 2)
+	require.Equal(t, []string{"c/1", "c/2"}, got, "the next claim goes on after b")
+
+	// Keys with one job each under a limit of 3: the first two keys'
+	// room (6) covers a claim of 6, but they hold two jobs; the walk goes
+	// on until the claim is full.
+	_, err = s.SetLimit(ctx, LimitRow{Type: "short", KeyConcurrency: 3})
+	require.NoError(t, err)
+	var names []string
+	for k := range 10 {
+		names = append(names, fmt.Sprintf("k%d/1", k))
+	}
+	addKeyed(t, s, "short", "available", 0, names...)
+	got, _ = keyedClaim(t, s, "short", 6, 6)
+	require.Equal(t, names[:6], got)
+	got, _ = keyedClaim(t, s, "short", 6, 6)
+	require.Equal(t, names[6:], got)
+}

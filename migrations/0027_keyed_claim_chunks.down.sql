@@ -1,0 +1,254 @@
+-- Back to version 26: claim_type of version 26 (every group the walk
+-- visits counts one job, whatever room its key's limit leaves).
+CREATE OR REPLACE FUNCTION claim_type(p_type text, p_tags jsonb, p_need integer, p_now integer,
+                                      OUT ids uuid[], OUT slot boolean, OUT limited smallint, OUT wait_ms bigint)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    l          job_limits%ROWTYPE;
+    v_need     integer := p_need;
+    v_n        integer;
+    v_wait     bigint;
+    v_cursor   text;
+    v_prio     integer := -1000000;
+    v_p        integer;
+    v_last     text;
+    v_seen     text;
+    v_examined integer;
+    v_full     boolean;
+    v_kt       jsonb := '{}'; -- jobs taken per key, over the priorities
+    v_nullq    integer;
+    v_perkey   boolean;
+    g_key      text[];        -- the groups at a priority, in turn (NULL: the jobs without a key)
+    g_room     integer[];     -- how many each may take
+    g_got      integer[];     -- how many each took
+    g_open     boolean[];     -- it may have more jobs
+    v_share    integer;
+    v_groups   integer;
+    c_id       uuid[];        -- a take's candidates, round-robin
+    c_pos      integer[];
+    v_seenn    integer[];
+    v_took     integer;
+BEGIN
+    ids := '{}';
+    limited := 0;
+    SELECT * INTO l FROM job_limits WHERE type = p_type;
+    slot := l.concurrency IS NOT NULL OR l.key_concurrency IS NOT NULL;
+    v_perkey := l.rate IS NOT NULL AND l.rate_per_key;
+    IF l.concurrency IS NOT NULL THEN
+        -- The bound only grows between counts (finishes do not lower
+        -- it): count again when it would hold the claim back, whether
+        -- at the limit or in the share of free slots a buffer may take
+        -- (version 26; before, a stale bound capped a limit far from
+        -- binding).
+        IF l.running_bound + v_need > l.concurrency
+           OR p_now + (l.concurrency - l.running_bound - p_now) / 4 < v_need THEN
+            SELECT count(*) INTO l.running_bound
+            FROM (SELECT 1 FROM jobs r WHERE r.state = 'running' AND r.type = p_type LIMIT l.concurrency) r;
+        END IF;
+        v_n := l.concurrency - l.running_bound; -- free slots (at least)
+        IF v_n < v_need THEN
+            -- Slots are short: none goes to a prefetch buffer.
+            limited := CASE WHEN v_n < p_now THEN 2 ELSE 1 END;
+            v_need := greatest(least(v_n, p_now), 0);
+        ELSIF p_now + (v_n - p_now) / 4 < v_need THEN
+            -- Room, but a buffer takes at most a quarter of the free slots
+            -- beyond the callers', so that other processes find some.
+            v_need := p_now + (v_n - p_now) / 4;
+            limited := 1;
+        END IF;
+    END IF;
+    IF l.key_concurrency IS NOT NULL AND p_now < v_need THEN
+        -- A buffer takes a quarter of what it asks for beyond the
+        -- callers' (version 9: none), so that a claim of keyed jobs is not
+        -- one job a waiting worker; what it holds counts as running
+        -- against every key's limit.
+        v_need := p_now + (v_need - p_now) / 4;
+        limited := greatest(limited, 1);
+    END IF;
+    IF l.rate IS NOT NULL AND NOT v_perkey AND v_need > 0 THEN
+        SELECT a.allowed, a.wait_ms INTO v_n, v_wait FROM rate_allowance(p_type, '', l.rate, l.rate_period_ms, l.burst) a;
+        IF v_n < v_need THEN
+            v_need := v_n;
+            limited := 2;
+            wait_ms := v_wait;
+        END IF;
+    END IF;
+
+    IF v_need <= 0 THEN
+        NULL;
+    ELSIF NOT EXISTS (SELECT 1 FROM jobs f WHERE f.state = 'available' AND f.concurrency_key IS NOT NULL AND f.type = p_type)
+          AND NOT v_perkey THEN
+        -- No keys: first in, first out.
+        SELECT coalesce(array_agg(n.id), '{}') INTO ids FROM (
+            SELECT j.id FROM jobs j
+            WHERE j.state = 'available' AND j.concurrency_key IS NULL AND j.type = p_type AND j.run_at <= now() AND j.tags <@ p_tags
+            ORDER BY j.priority, j.run_at, j.id LIMIT v_need FOR UPDATE SKIP LOCKED) n;
+    ELSE
+        SELECT c.key INTO v_cursor FROM job_key_cursors c WHERE c.type = p_type;
+        -- Jobs without a key: one group, under the '' bucket of a per-key
+        -- rate.
+        v_nullq := v_need;
+        IF v_perkey THEN
+            SELECT a.allowed, a.wait_ms INTO v_n, v_wait FROM rate_allowance(p_type, '', l.rate, l.rate_period_ms, l.burst) a;
+            IF v_n < v_nullq THEN
+                v_nullq := v_n;
+                IF EXISTS (SELECT 1 FROM jobs j WHERE j.state = 'available' AND j.concurrency_key IS NULL AND j.type = p_type) THEN
+                    limited := 2;
+                    wait_ms := least(wait_ms, v_wait);
+                END IF;
+            END IF;
+        END IF;
+        LOOP -- priorities, most urgent first
+            EXIT WHEN v_need <= 0;
+            -- The next priority: read from the indexes' order (a min()
+            -- aggregate, planned on stale statistics, read every entry).
+            SELECT least(
+                (SELECT j.priority FROM jobs j WHERE j.state = 'available' AND j.concurrency_key IS NOT NULL
+                   AND j.type = p_type AND j.priority > v_prio ORDER BY j.priority LIMIT 1),
+                (SELECT j.priority FROM jobs j WHERE j.state = 'available' AND j.concurrency_key IS NULL
+                   AND j.type = p_type AND j.priority > v_prio ORDER BY j.priority LIMIT 1)) INTO v_p;
+            EXIT WHEN v_p IS NULL;
+            v_prio := v_p;
+
+            -- 1. The groups, in turn from the cursor, with their room.
+            -- phase 0: the keys after the cursor; 1: the jobs without a
+            -- key; 2: the keys from the first up to the cursor (when there
+            -- is one). room NULL: not a group (the jobs without a key, when
+            -- there are none); room <= 0: a key its limits leave no room.
+            WITH RECURSIVE walk(pos, phase, k, room, rwait, active) AS (
+                SELECT 0, 0, coalesce(v_cursor, ''), NULL::integer, NULL::bigint, 0
+                UNION ALL
+                SELECT w.pos + 1, n.phase, n.k, r.room, r.rwait, w.active + (coalesce(r.room, 0) > 0)::integer
+                FROM walk w
+                LEFT JOIN LATERAL (
+                    -- The next key: after the last one (phase 0 and 2), or
+                    -- the first (phase 1, when there is a cursor).
+                    SELECT j.concurrency_key AS nk FROM jobs j
+                    WHERE j.state = 'available' AND j.concurrency_key IS NOT NULL AND j.type = p_type AND j.priority = v_prio
+                      AND j.concurrency_key > CASE WHEN w.phase = 1 THEN '' ELSE w.k END
+                      AND (w.phase <> 1 OR v_cursor IS NOT NULL) AND j.run_at <= now() AND j.tags <@ p_tags
+                    ORDER BY j.concurrency_key LIMIT 1) x ON true
+                CROSS JOIN LATERAL (
+                    SELECT CASE
+                        WHEN w.phase = 0 AND x.nk IS NOT NULL THEN 0
+                        WHEN w.phase = 0 THEN 1
+                        WHEN x.nk <= v_cursor THEN 2
+                        END AS phase,
+                        x.nk AS k
+                    OFFSET 0) n
+                CROSS JOIN LATERAL (
+                    SELECT CASE WHEN n.phase = 1 THEN
+                                CASE WHEN v_nullq > 0 AND EXISTS (SELECT 1 FROM jobs j WHERE j.state = 'available'
+                                          AND j.concurrency_key IS NULL AND j.type = p_type AND j.priority = v_prio)
+                                     THEN v_nullq END
+                           ELSE least(kr.room, ra.allowed) END AS room,
+                           CASE WHEN n.phase <> 1 AND ra.allowed < kr.room THEN ra.wait_ms END AS rwait
+                    FROM (SELECT CASE WHEN n.phase = 1 OR l.key_concurrency IS NULL THEN v_need
+                                 ELSE least(v_need, l.key_concurrency - coalesce((v_kt ->> n.k)::integer, 0)
+                                     - (SELECT count(*) FROM (SELECT 1 FROM jobs rj WHERE rj.state = 'running' AND rj.type = p_type
+                                                               AND rj.concurrency_key = n.k LIMIT l.key_concurrency) rc)::integer)
+                                 END AS room) kr
+                    LEFT JOIN LATERAL (
+                        SELECT a.allowed, a.wait_ms FROM rate_allowance(p_type, n.k, l.rate, l.rate_period_ms, l.burst) a
+                        WHERE v_perkey AND n.phase <> 1 AND kr.room > 0) ra ON true) r
+                WHERE n.phase IS NOT NULL AND w.active < v_need AND w.pos < 256
+            )
+            SELECT array_agg(w.k ORDER BY w.pos) FILTER (WHERE w.room > 0),
+                   array_agg(w.room ORDER BY w.pos) FILTER (WHERE w.room > 0),
+                   coalesce(bool_or(w.room <= 0 OR w.rwait IS NOT NULL), false),
+                   min(w.rwait),
+                   count(*) FILTER (WHERE w.phase <> 1),
+                   (array_agg(w.k ORDER BY w.pos DESC) FILTER (WHERE w.phase <> 1))[1]
+            INTO g_key, g_room, v_full, v_wait, v_examined, v_seen
+            FROM walk w WHERE w.pos > 0;
+            IF v_full THEN
+                limited := 2;
+                wait_ms := least(wait_ms, v_wait);
+            END IF;
+
+            -- 2. Round-robin: a share of the need from each open group at
+            -- once, taken in rounds of one job a group.
+            v_groups := coalesce(cardinality(g_key), 0);
+            g_got := array_fill(0, ARRAY[v_groups]);
+            g_open := array_fill(true, ARRAY[v_groups]);
+            LOOP
+                SELECT count(*) INTO v_n FROM unnest(g_room, g_got, g_open) AS g(room, got, open) WHERE g.open AND g.got < g.room;
+                EXIT WHEN v_need <= 0 OR v_n = 0;
+                v_share := (v_need + v_n - 1) / v_n;
+                SELECT array_agg(t.id ORDER BY t.rn, t.pos), array_agg(t.pos ORDER BY t.rn, t.pos)
+                INTO c_id, c_pos
+                FROM (SELECT g.pos, c.id, c.rn
+                      FROM unnest(g_key, g_room, g_got, g_open) WITH ORDINALITY AS g(k, room, got, open, pos)
+                      CROSS JOIN LATERAL (
+                          SELECT s.id, row_number() OVER (ORDER BY s.run_at, s.id) AS rn FROM (
+                              SELECT j.id, j.run_at FROM jobs j
+                              WHERE j.state = 'available' AND j.concurrency_key = g.k AND j.type = p_type
+                                AND j.priority = v_prio AND j.run_at <= now() AND j.tags <@ p_tags AND NOT (j.id = ANY(ids))
+                              ORDER BY j.run_at, j.id LIMIT least(g.room - g.got, v_share) FOR UPDATE SKIP LOCKED) s
+                          WHERE g.k IS NOT NULL
+                          UNION ALL
+                          SELECT s.id, row_number() OVER (ORDER BY s.run_at, s.id) AS rn FROM (
+                              SELECT j.id, j.run_at FROM jobs j
+                              WHERE j.state = 'available' AND j.concurrency_key IS NULL AND j.type = p_type
+                                AND j.priority = v_prio AND j.run_at <= now() AND j.tags <@ p_tags AND NOT (j.id = ANY(ids))
+                              ORDER BY j.run_at, j.id LIMIT least(g.room - g.got, v_share) FOR UPDATE SKIP LOCKED) s
+                          WHERE g.k IS NULL) c
+                      WHERE g.open AND g.got < g.room) t;
+                -- A group that gave fewer than asked has no more.
+                v_seenn := array_fill(0, ARRAY[v_groups]);
+                FOR i IN 1 .. coalesce(cardinality(c_pos), 0) LOOP
+                    v_seenn[c_pos[i]] := v_seenn[c_pos[i]] + 1;
+                END LOOP;
+                FOR i IN 1 .. v_groups LOOP
+                    IF g_open[i] AND g_got[i] < g_room[i] AND v_seenn[i] < least(g_room[i] - g_got[i], v_share) THEN
+                        g_open[i] := false;
+                    END IF;
+                END LOOP;
+                -- Take them in rounds, up to the need; the rest are left
+                -- (their locks go with the claim's transaction).
+                v_took := least(coalesce(cardinality(c_id), 0), v_need);
+                EXIT WHEN v_took = 0;
+                ids := ids || c_id[1:v_took];
+                FOR i IN 1 .. v_took LOOP
+                    g_got[c_pos[i]] := g_got[c_pos[i]] + 1;
+                    IF g_key[c_pos[i]] IS NOT NULL THEN
+                        v_last := g_key[c_pos[i]];
+                    END IF;
+                END LOOP;
+                v_need := v_need - v_took;
+            END LOOP;
+            IF v_groups > 0 THEN
+                IF l.key_concurrency IS NOT NULL THEN
+                    SELECT v_kt || coalesce(jsonb_object_agg(g.k, coalesce((v_kt ->> g.k)::integer, 0) + g.got), '{}')
+                    INTO v_kt
+                    FROM unnest(g_key, g_got) AS g(k, got) WHERE g.k IS NOT NULL AND g.got > 0;
+                END IF;
+                SELECT v_nullq - coalesce(sum(g.got), 0) INTO v_nullq FROM unnest(g_key, g_got) AS g(k, got) WHERE g.k IS NULL;
+                IF v_perkey THEN
+                    INSERT INTO job_rates AS r (type, key, tat)
+                    SELECT p_type, coalesce(g.k, ''), now() + g.got * (l.rate_period_ms::float8 / l.rate) * interval '1 millisecond'
+                    FROM unnest(g_key, g_got) AS g(k, got) WHERE g.got > 0
+                    ON CONFLICT (type, key) DO UPDATE SET tat = greatest(r.tat, now()) + (EXCLUDED.tat - now());
+                END IF;
+            END IF;
+            IF v_last IS NULL AND v_examined >= 256 THEN
+                v_last := v_seen; -- the next claim goes on from there
+            END IF;
+        END LOOP;
+        IF v_last IS NOT NULL THEN
+            INSERT INTO job_key_cursors AS c (type, key) VALUES (p_type, v_last)
+            ON CONFLICT (type) DO UPDATE SET key = EXCLUDED.key;
+        END IF;
+    END IF;
+    IF l.rate IS NOT NULL AND NOT v_perkey AND cardinality(ids) > 0 THEN
+        PERFORM rate_charge(p_type, '', l.rate, l.rate_period_ms, cardinality(ids));
+    END IF;
+    IF l.concurrency IS NOT NULL THEN
+        UPDATE job_limits SET running_bound = l.running_bound + cardinality(ids) WHERE type = p_type;
+    END IF;
+END
+$$;
