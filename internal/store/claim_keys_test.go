@@ -179,8 +179,8 @@ func TestKeyedClaimReadsFewIndexEntries(t *testing.T) {
 // claim walks only as many keys as cover its need and takes up to each
 // key's room from them, and the next claim goes on after the last key it
 // served. When the keys it walked run short (fewer jobs than room), the
-// walk goes on from where it stopped: the claim still fills from the keys
-// after them.
+// walk goes on from where it stopped, counting each key for one job: the
+// claim still fills from the keys after them.
 func TestKeyedClaimWalksKeysForTheRoomItNeeds(t *testing.T) {
 	s, _, _ := newTestStore(t)
 	ctx := context.Background()
@@ -207,4 +207,14 @@ func TestKeyedClaimWalksKeysForTheRoomItNeeds(t *testing.T) {
 	require.Equal(t, names[:6], got)
 	got, _ = keyedClaim(t, s, "short", 6, 6)
 	require.Equal(t, names[6:], got)
+
+	// Once a chunk ran short, the rest of the walk counts each key for one
+	// job, as before version 27 (keys that sparse would otherwise cost a
+	// chunk, two statements, for every few jobs): k2 and k3 give one job
+	// each, not k2 two.
+	_, err = s.SetLimit(ctx, LimitRow{Type: "sparse", KeyConcurrency: 3})
+	require.NoError(t, err)
+	addKeyed(t, s, "sparse", "available", 0, "k0/1", "k0/2", "k1/1", "k1/2", "k2/1", "k2/2", "k3/1", "k3/2")
+	got, _ = keyedClaim(t, s, "sparse", 6, 6)
+	require.Equal(t, []string{"k0/1", "k1/1", "k0/2", "k1/2", "k2/1", "k3/1"}, got)
 }
