@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -593,39 +594,53 @@ func TestSweptJobFreesItsSlotAtOnce(t *testing.T) {
 // ever runs two at once.
 func TestMigration22RollingUpgrade(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	st, err := e.q.MigrationStatus(ctx)
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, st.Version, int64(22))
-	require.NoError(t, e.q.SetLimit(ctx, "v21", backlog.Limit{KeyConcurrency: 1}))
 	var specs []backlog.JobSpec
 	for i := range 60 {
 		key := fmt.Sprintf("tenant-%d", i%6)
 		specs = append(specs, backlog.JobSpec{Type: "v21", Args: keyArgs{Key: key}, Options: []backlog.EnqueueOption{backlog.ConcurrencyKey(key)}})
 	}
-	ids, err := e.q.EnqueueMany(ctx, specs)
+	peaks := keyedAcrossProcesses(t, 22, 1, specs, 2, 8, 5*time.Millisecond)
+	for k, peak := range peaks {
+		require.Equal(t, 1, peak, "jobs of %s running at once", k)
+	}
+}
+
+// keyedAcrossProcesses works specs (one type, keyed jobs' args keyArgs)
+// under a per-key limit of keyLimit in processes processes of concurrency
+// workers each, each job taking d, against a schema at version (or
+// later): every job completes in one attempt and no key runs more than
+// keyLimit at once. It returns each key's peak.
+func keyedAcrossProcesses(t *testing.T, version int64, keyLimit int, specs []backlog.JobSpec, processes, concurrency int, d time.Duration) map[string]int {
+	e := newEnv(t)
+	ctx := context.Background()
+	st, err := e.q.MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, st.Version, version)
+	typ := specs[0].Type
+	require.NoError(t, e.q.SetLimit(ctx, typ, backlog.Limit{KeyConcurrency: keyLimit}))
+	_, err = e.q.EnqueueMany(ctx, specs)
 	require.NoError(t, err)
 	g := newGauge()
 	h := backlog.HandleJSON(func(ctx context.Context, job *backlog.Job, a keyArgs) error {
 		g.enter(a.Key)
 		defer g.leave(a.Key)
 		select {
-		case <-time.After(5 * time.Millisecond):
+		case <-time.After(d):
 		case <-ctx.Done():
 		}
 		return nil
 	})
-	work(t, e.q, h, backlog.Concurrency(8), backlog.Types("v21"))
-	work(t, e.queue(testdb.NewPool(t, 4)), h, backlog.Concurrency(8), backlog.Types("v21"))
-	for _, id := range ids {
-		e.waitState(id, 60*time.Second, backlog.StateCompleted)
+	for range processes {
+		work(t, e.queue(testdb.NewPool(t, 4)), h, backlog.Concurrency(concurrency), backlog.Types(typ))
 	}
+	e.waitCount(`state = 'completed'`, len(specs), 60*time.Second)
+	require.Zero(t, e.count(`attempt <> 1`), "jobs that ran more than once")
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for k, peak := range g.keyPeak {
-		require.Equal(t, 1, peak, "jobs of %s running at once", k)
+	for k, p := range g.keyPeak {
+		require.LessOrEqual(t, p, keyLimit, "jobs of key %s running at once", k)
 	}
+	return maps.Clone(g.keyPeak)
 }
 
 // TestMigration24RollingUpgrade: processes of version 23 keep running
@@ -663,12 +678,6 @@ func TestMigration26RollingUpgrade(t *testing.T) {
 // more than 2 at once, and the limit is used.
 func TestMigration27RollingUpgrade(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	st, err := e.q.MigrationStatus(ctx)
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, st.Version, int64(27))
-	require.NoError(t, e.q.SetLimit(ctx, "v26keys", backlog.Limit{KeyConcurrency: 2}))
 	var specs []backlog.JobSpec
 	for i := range 300 {
 		key := fmt.Sprintf("k%02d", i%30)
@@ -682,29 +691,8 @@ func TestMigration27RollingUpgrade(t *testing.T) {
 		}
 		specs = append(specs, backlog.JobSpec{Type: "v26keys", Args: a, Options: opts})
 	}
-	_, err = e.q.EnqueueMany(ctx, specs)
-	require.NoError(t, err)
-	g := newGauge()
-	h := backlog.HandleJSON(func(ctx context.Context, job *backlog.Job, a keyArgs) error {
-		g.enter(a.Key)
-		defer g.leave(a.Key)
-		select {
-		case <-time.After(2 * time.Millisecond):
-		case <-ctx.Done():
-		}
-		return nil
-	})
-	for range 3 {
-		work(t, e.queue(testdb.NewPool(t, 4)), h, backlog.Concurrency(10), backlog.Types("v26keys"))
-	}
-	e.waitCount(`state = 'completed'`, len(specs), 60*time.Second)
-	require.Zero(t, e.count(`attempt <> 1`), "jobs that ran more than once")
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for k, p := range g.keyPeak {
-		require.LessOrEqual(t, p, 2, "jobs of key %s running at once", k)
-	}
-	require.Equal(t, 2, g.keyPeak["big"], "the big key never ran 2 at once: its limit went unused")
+	peaks := keyedAcrossProcesses(t, 27, 2, specs, 3, 10, 2*time.Millisecond)
+	require.Equal(t, 2, peaks["big"], "the big key never ran 2 at once: its limit went unused")
 }
 
 // limitedAcrossProcesses runs 600 jobs of type plain and 40 of type
