@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/backlogq/backlog/internal/complete"
+	"github.com/backlogq/backlog/internal/posting"
 	"github.com/backlogq/backlog/internal/store"
 	"github.com/backlogq/backlog/internal/testdb"
 )
@@ -69,4 +71,56 @@ func TestCompleterWritesEveryBatch(t *testing.T) {
 	var done int
 	require.NoError(t, q.pool.QueryRow(ctx, `SELECT count(*) FROM `+q.cfg.schema+`.all_jobs WHERE state = 'completed'`).Scan(&done))
 	require.Equal(t, n, done)
+}
+
+// A batch of outcomes that free slots of a concurrency limit announces one
+// posting a type, not one a job (a limit that does not bind frees hundreds
+// of slots a batch), and every domain of the type still hears it.
+func TestCompleterAnnouncesFreedSlotsOncePerType(t *testing.T) {
+	ctx := context.Background()
+	q, err := New(ctx, testdb.Pool(t), WithSchema(testdb.Schema(t)), WithLogger(quiet()))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, q.Close()) })
+	require.NoError(t, q.Migrate(ctx))
+	var took []store.Claimed
+	for typ, n := range map[string]int{"slot-a": 30, "slot-b": 20} {
+		require.NoError(t, q.SetLimit(ctx, typ, Limit{Concurrency: 1000}))
+		specs := make([]JobSpec, n)
+		for k := range specs {
+			specs[k] = JobSpec{Type: typ}
+		}
+		_, err := q.EnqueueMany(ctx, specs)
+		require.NoError(t, err)
+		res, err := q.store.Claim(ctx, []string{typ}, []byte(`{}`), n, n, time.Minute, "test")
+		require.NoError(t, err)
+		require.Len(t, res.Jobs, n)
+		took = append(took, res.Jobs...)
+	}
+	var mu sync.Mutex
+	var posted []posting.Posting
+	c := complete.New(q.store, complete.Config{Lease: time.Minute, Announce: func(ps []posting.Posting) {
+		mu.Lock()
+		defer mu.Unlock()
+		posted = append(posted, ps...)
+	}}, quiet(), q.faults)
+	var written sync.WaitGroup
+	for _, j := range took {
+		require.True(t, j.Slot, "job %s holds a slot", j.ID)
+		written.Add(1)
+		c.Submit(&complete.Request{F: store.Finish{ID: j.ID, Token: j.Token, State: string(StateCompleted)}, Type: j.Type, Slot: true,
+			Done: func(ok bool) {
+				assert.True(t, ok, "job %s", j.ID)
+				written.Done()
+			}})
+	}
+	c.Start() // everything queued before the writer starts: one batch
+	written.Wait()
+	c.Stop()
+	mu.Lock()
+	defer mu.Unlock()
+	types := map[string]int{}
+	for _, p := range posted {
+		types[p.Type]++
+	}
+	require.Equal(t, map[string]int{"slot-a": 1, "slot-b": 1}, types, "postings: %+v", posted)
 }

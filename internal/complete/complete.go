@@ -299,6 +299,7 @@ func (c *Completer) writeBatch(ctx context.Context, rs []*Request, mode writeMod
 		c.cfg.Moved()
 	}
 	var again []posting.Posting
+	var freed map[string]struct{} // types whose freed slots are announced
 	var graph []*Request
 	for _, r := range rs {
 		switch res.Status[r.F.ID] {
@@ -309,7 +310,13 @@ func (c *Completer) writeBatch(ctx context.Context, rs []*Request, mode writeMod
 			case "scheduled":
 				again = append(again, posting.Sched(r.F.Delay))
 			}
-			if r.Slot {
+			if _, ok := freed[r.Type]; r.Slot && !ok {
+				// One posting a type, not one a job: a batch under a
+				// limit that does not bind frees hundreds of slots.
+				if freed == nil {
+					freed = map[string]struct{}{}
+				}
+				freed[r.Type] = struct{}{}
 				again = append(again, posting.Posting{Type: r.Type})
 			}
 			c.settle(r, true)
