@@ -100,21 +100,21 @@ func newLeases(st *store.Store, log *slog.Logger, faults *outage.Tracker, d time
 func (l *leases) start() { l.group.Start(l.loop) }
 func (l *leases) stop()  { l.group.Stop(0) }
 
-// Add registers the leases of freshly claimed jobs of the given types and
-// returns their handles; sentAt is when the claim was sent. A job this process still
+// Add registers the leases of freshly claimed jobs and returns their
+// handles; sentAt is when the claim was sent. A job this process still
 // holds under an older token (it re-claimed the job after a stall longer
 // than the lease) loses that older lease: its handler is cancelled.
-func (l *leases) Add(ids, tokens []uuid.UUID, types []string, sentAt time.Time) []*heldLease {
+func (l *leases) Add(jobs []*store.Claimed, sentAt time.Time) []*heldLease {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make([]*heldLease, len(ids))
-	for i, id := range ids {
-		if old := l.held[id]; old != nil && old.token != tokens[i] {
+	out := make([]*heldLease, len(jobs))
+	for i, j := range jobs {
+		if old := l.held[j.ID]; old != nil && old.token != j.Token {
 			l.loseLocked(old)
 		}
-		le := &heldLease{owner: l, id: id, token: tokens[i], typ: types[i], deadline: sentAt.Add(l.duration - l.margin)}
+		le := &heldLease{owner: l, id: j.ID, token: j.Token, typ: j.Type, deadline: sentAt.Add(l.duration - l.margin)}
 		out[i] = le
-		l.held[id] = le
+		l.held[j.ID] = le
 	}
 	return out
 }

@@ -26,11 +26,11 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 func TestReclaimStopsTheOldLeasesHandler(t *testing.T) {
 	ls := newLeases(nil, quiet(), nil, time.Minute, nil)
 	id := uuid.New()
-	first := ls.Add([]uuid.UUID{id}, []uuid.UUID{uuid.New()}, []string{"t"}, time.Now())[0]
+	first := ls.Add([]*store.Claimed{{ID: id, Token: uuid.New(), Type: "t"}}, time.Now())[0]
 	ctx, cancel := context.WithCancelCause(context.Background())
 	require.NoError(t, ls.begin(first, cancel))
 
-	second := ls.Add([]uuid.UUID{id}, []uuid.UUID{uuid.New()}, []string{"t"}, time.Now())[0]
+	second := ls.Add([]*store.Claimed{{ID: id, Token: uuid.New(), Type: "t"}}, time.Now())[0]
 	require.ErrorIs(t, context.Cause(ctx), ErrLeaseLost)
 	require.True(t, ls.end(first).lost)
 	require.False(t, ls.end(second).lost)

@@ -165,7 +165,9 @@ func (q *Queue) prepareWork(ctx context.Context, h Handler, opts []WorkOption, c
 	if !q.beginWork() {
 		return nil, ErrClosed
 	}
-	return &workCall{q: q, h: h, mux: mux, cfg: cfg, spec: spec}, nil
+	w := &workCall{q: q, h: h, mux: mux, cfg: cfg, spec: spec}
+	w.settled = func(bool) { w.finishes.Done() }
+	return w, nil
 }
 
 // awaitOutcomes waits until every outcome of the call's jobs is written,
@@ -201,6 +203,9 @@ type workCall struct {
 	// written, when set (the test runs of package backlogtest), hears
 	// whether each outcome was written.
 	written func(c *claimed, ok bool)
+	// settled is every outcome's done function (but in test runs): one
+	// closure for the call, not one a job.
+	settled func(written bool)
 }
 
 // WorkRow describes the call for this process's row in the processes
@@ -325,7 +330,7 @@ func outcomeOf(f store.Finish, err error) Outcome {
 
 func (w *workCall) submit(c *claimed, f store.Finish) {
 	w.finishes.Add(1)
-	done := func(bool) { w.finishes.Done() }
+	done := w.settled
 	if w.written != nil { // test runs only: Work's path stays as it was
 		done = func(ok bool) {
 			w.written(c, ok)
@@ -340,7 +345,6 @@ func (w *workCall) submit(c *claimed, f store.Finish) {
 // returned (its lease could not be renewed).
 func (w *workCall) outcome(c *claimed, job *Job, err, cause, fail error) store.Finish {
 	f := store.Finish{ID: c.ID, Token: c.Token}
-	var snooze *snoozeError
 	switch {
 	case fail != nil:
 		f.State, f.Err, f.Outcome = string(StateFailed), store.ErrorText(fail), attemptError
@@ -358,8 +362,8 @@ func (w *workCall) outcome(c *claimed, job *Job, err, cause, fail error) store.F
 		f.State, f.Err = string(StateCancelled), store.ErrorText(err)
 	case errors.Is(cause, ErrShutdown):
 		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), store.KeepRunAt, store.GiveAttemptBack // released, keeping its place
-	case errors.As(err, &snooze):
-		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), snooze.d, store.GiveAttemptBack
+	case snoozed(err) >= 0:
+		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), snoozed(err), store.GiveAttemptBack
 	case IsPermanent(err):
 		f.State, f.Err = string(StateFailed), store.ErrorText(withCause(err, cause, job))
 	case job.Attempt >= job.MaxAttempts:

@@ -16,8 +16,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/backlogq/backlog/internal/complete"
 	"github.com/backlogq/backlog/internal/store"
 )
@@ -44,7 +42,7 @@ func (j *Job[L]) Release(done func(written bool)) *complete.Request {
 // Leases registers the leases of freshly claimed jobs of the given types
 // and returns their handles; sentAt is when the claim was sent.
 type Leases[L complete.Lease] interface {
-	Add(ids, tokens []uuid.UUID, types []string, sentAt time.Time) []L
+	Add(jobs []*store.Claimed, sentAt time.Time) []L
 }
 
 // Result is what one claim took.
@@ -87,20 +85,22 @@ func (c *Claimer[L]) Claim(ctx context.Context, types []string, tags json.RawMes
 	sentAt := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, c.lease)
 	defer cancel()
-	res, err := c.store.Claim(ctx, types, tags, k, now, c.lease, c.worker)
+	// Each job is read into the Job that carries it (one copy), and its
+	// lease registered before anyone sees it.
+	var jobs []*Job[L]
+	var claimed []*store.Claimed
+	res, err := c.store.ClaimEach(ctx, types, tags, k, now, c.lease, c.worker, func(r *store.Claimed) {
+		if jobs == nil {
+			jobs, claimed = make([]*Job[L], 0, k), make([]*store.Claimed, 0, k)
+		}
+		j := &Job[L]{Claimed: *r}
+		jobs, claimed = append(jobs, j), append(claimed, &j.Claimed)
+	})
 	if err != nil {
 		return Result[L]{}, fmt.Errorf("claiming jobs: %w", err)
 	}
-	ids := make([]uuid.UUID, len(res.Jobs))
-	tokens := make([]uuid.UUID, len(res.Jobs))
-	kinds := make([]string, len(res.Jobs))
-	for i, r := range res.Jobs {
-		ids[i], tokens[i], kinds[i] = r.ID, r.Token, r.Type
-	}
-	held := c.leases.Add(ids, tokens, kinds, sentAt)
-	jobs := make([]*Job[L], len(res.Jobs))
-	for i, r := range res.Jobs {
-		jobs[i] = &Job[L]{Claimed: r, Lease: held[i]}
+	for i, l := range c.leases.Add(claimed, sentAt) {
+		jobs[i].Lease = l
 	}
 	next := res.Next
 	next -= min(rateLead, next/4)

@@ -73,6 +73,8 @@ type Completer struct {
 	slowWake chan struct{}
 	stopping bool
 	stopAt   time.Time
+
+	fastFs []store.Finish // the writer's scratch for writeFast batches
 }
 
 // A Lease is the lease an outcome is written under, as the completer
@@ -278,9 +280,15 @@ func (c *Completer) write(ctx context.Context, batch []*Request, mode writeMode)
 // refused (the lease is gone), busy (tried again, then the slow lane) or,
 // in the fast statement, one with dependents (to the graph queue).
 func (c *Completer) writeBatch(ctx context.Context, rs []*Request, mode writeMode) error {
-	fs := make([]store.Finish, len(rs))
-	for i, r := range rs {
-		fs[i] = r.F
+	var fs []store.Finish
+	if mode == writeFast {
+		// Only the writer goroutine writes in this mode, one batch at a
+		// time, and the store keeps nothing of fs: reuse its array.
+		fs = c.fastFs[:0]
+		defer func() { clear(fs); c.fastFs = fs[:0] }() // nothing kept alive
+	}
+	for _, r := range rs {
+		fs = append(fs, r.F)
 	}
 	var res store.FinishResult
 	var err error

@@ -78,6 +78,18 @@ const (
 // claim that waited for another would meet that claim's jobs on its older
 // snapshot and fail with a serialization error.
 func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string) (ClaimResult, error) {
+	jobs := make([]Claimed, 0, k)
+	res, err := s.ClaimEach(ctx, types, workerTags, k, now, lease, worker, func(c *Claimed) { jobs = append(jobs, *c) })
+	res.Jobs = jobs
+	return res, err
+}
+
+// ClaimEach is Claim handing each job to add as it is read, in the
+// order of Claim's Jobs, instead of collecting them (ClaimResult.Jobs is
+// nil): the caller keeps what it needs without a second copy. *c is
+// valid only during the call. On an error, jobs handed to add may be
+// among those of a claim that did not commit.
+func (s *Store) ClaimEach(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string, add func(c *Claimed)) (ClaimResult, error) {
 	args := []any{Mode, types, workerTags, k, now, lease.Milliseconds(), worker}
 	strict, err := s.strictSessions(ctx)
 	if err != nil {
@@ -88,7 +100,7 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 		if err != nil {
 			return ClaimResult{}, err
 		}
-		return readClaim(rows, k)
+		return readClaim(rows, add)
 	}
 	tx, err := s.pool.BeginTx(ctx, readCommittedTx)
 	if err != nil {
@@ -99,7 +111,7 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 	if err != nil {
 		return ClaimResult{}, err
 	}
-	res, err := readClaim(rows, k)
+	res, err := readClaim(rows, add)
 	if err != nil {
 		return ClaimResult{}, err
 	}
@@ -122,8 +134,9 @@ func (s *Store) strictSessions(ctx context.Context) (bool, error) {
 	return s.isoStrict, nil
 }
 
-// readClaim reads the rows of the claim function, and closes them.
-func readClaim(rows pgx.Rows, k int) (ClaimResult, error) {
+// readClaim reads the rows of the claim function, hands each job to add,
+// and closes them.
+func readClaim(rows pgx.Rows, add func(c *Claimed)) (ClaimResult, error) {
 	var res ClaimResult
 	defer rows.Close()
 	// Binary columns, but for text (the same bytes either way) and jsonb
@@ -139,15 +152,15 @@ func readClaim(rows pgx.Rows, k int) (ClaimResult, error) {
 			binary = false
 		}
 	}
-	res.Jobs = make([]Claimed, 0, k)
+	c := new(Claimed) // one for every row: add copies what it keeps
 	for rows.Next() {
-		var c Claimed
+		*c = Claimed{}
 		var ok bool
 		var err error
 		if binary {
-			ok, err = decodeClaimed(rows.RawValues(), &jsonText, &c, &res)
+			ok, err = decodeClaimed(rows.RawValues(), &jsonText, c, &res)
 		} else {
-			ok, err = scanClaimed(rows, &c, &res)
+			ok, err = scanClaimed(rows, c, &res)
 		}
 		if err != nil {
 			return res, err
@@ -166,7 +179,7 @@ func readClaim(rows pgx.Rows, k int) (ClaimResult, error) {
 			}
 		}
 		c.rawTags, c.rawMeta = nil, nil
-		res.Jobs = append(res.Jobs, c)
+		add(c)
 	}
 	return res, rows.Err()
 }

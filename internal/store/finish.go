@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -221,8 +222,8 @@ SELECT count(*), count(pg_notify($3, ` + s.postingSQL("p_done => id") + `)) FILT
 
 // finishArrays are a batch of Finish as the statements' parameter arrays.
 type finishArrays struct {
-	ids, tokens [][16]byte
-	states      []string
+	ids, tokens uuidArray
+	states      textArray
 	delays      []int64
 	deltas      []int32
 	results     []json.RawMessage
@@ -234,9 +235,18 @@ type finishArrays struct {
 // finishArraysOf builds the arrays of fs; discard: completions marked
 // Discard are sent as 'discarded' (finish() of migration 21).
 func finishArraysOf(fs []Finish, discard bool) finishArrays {
+	var a finishArrays
+	a.fill(fs, discard)
+	return a
+}
+
+// fill sets a to the arrays of fs, reusing a's arrays where they are
+// large enough (finishArraysOf).
+func (a *finishArrays) fill(fs []Finish, discard bool) {
 	n := len(fs)
-	a := finishArrays{ids: make([][16]byte, n), tokens: make([][16]byte, n), states: make([]string, n),
-		delays: make([]int64, n), deltas: make([]int32, n), results: make([]json.RawMessage, n), errs: make([]*string, n)}
+	a.ids, a.tokens, a.states = resize(a.ids, n), resize(a.tokens, n), resize(a.states, n)
+	a.delays, a.deltas, a.results, a.errs = resize(a.delays, n), resize(a.deltas, n), resize(a.results, n), resize(a.errs, n)
+	a.outcomes, a.progress = nil, nil
 	for i, f := range fs {
 		a.ids[i], a.tokens[i], a.states[i] = f.ID, f.Token, f.State
 		if discard && f.Discard && f.State == "completed" {
@@ -261,7 +271,29 @@ func finishArraysOf(fs []Finish, discard bool) finishArrays {
 			a.progress[i] = f.Progress
 		}
 	}
-	return a
+}
+
+// release clears what a's arrays point to and returns them to
+// finishArraysPool.
+func (a *finishArrays) release() {
+	clear(a.states)
+	clear(a.results)
+	clear(a.errs)
+	a.outcomes, a.progress = nil, nil
+	finishArraysPool.Put(a)
+}
+
+// finishArraysPool keeps the arrays of Finish's batches (hundreds of
+// outcomes each, one batch after another) for the next one.
+var finishArraysPool = sync.Pool{New: func() any { return new(finishArrays) }}
+
+// resize returns s with length n, reusing its array when it is large
+// enough (its elements are then the old ones, for the caller to set).
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
 }
 
 // Finish writes outcomes of jobs without dependents in one statement (the
@@ -288,10 +320,12 @@ func (s *Store) Finish(ctx context.Context, fs []Finish) (FinishResult, error) {
 		}
 		seen[f.ID] = true
 	}
-	a := finishArraysOf(fs, true)
+	a := finishArraysPool.Get().(*finishArrays)
+	defer a.release()
+	a.fill(fs, true)
 	exclude := [][16]byte{}
 	for range n + 1 {
-		res, graph, err := s.finishOnce(ctx, &a, exclude)
+		res, graph, err := s.finishOnce(ctx, a, exclude)
 		if err != nil {
 			return FinishResult{}, err
 		}
@@ -366,17 +400,16 @@ func readFinish(br pgx.BatchResults, n int) (FinishResult, int64, string, [][16]
 func readFinishRows(rows pgx.Rows, err error, n int) (FinishResult, int64, string, [][16]byte, error) {
 	res := FinishResult{Status: make(map[uuid.UUID]FinishStatus, n), State: make(map[uuid.UUID]string, n)}
 	var (
-		id     [16]byte
-		state  *string
-		status int16
-		xid    int64
-		tl     string
+		id        [16]byte
+		state, tl internedText // the same few values on every row
+		status    int16
+		xid       int64
 	)
 	if err == nil { // else the error may be the function's (a batch's Query reports it)
 		_, err = pgx.ForEachRow(rows, []any{&id, &state, &status, &xid, &tl}, func() error {
 			switch status {
 			case 0:
-				res.Status[id], res.State[id] = Written, *state
+				res.Status[id], res.State[id] = Written, state.v
 			case 1:
 				res.Status[id] = Busy
 			case 2:
@@ -398,7 +431,7 @@ func readFinishRows(rows pgx.Rows, err error, n int) (FinishResult, int64, strin
 		}
 		return FinishResult{}, 0, "", graph, nil
 	}
-	return res, xid, tl, nil, err
+	return res, xid, tl.v, nil, err
 }
 
 // FinishGraph writes outcomes in one transaction, in place (the retirer
