@@ -116,18 +116,6 @@ func IsSnooze(err error) bool {
 	return errors.As(err, &s)
 }
 
-// snoozed returns the delay of the Snooze err wraps, or -1 when it wraps
-// none. (A variable errors.As takes the address of escapes to the heap:
-// declared here, the attempts that do not reach this case do not pay for
-// it.)
-func snoozed(err error) time.Duration {
-	var s *snoozeError
-	if errors.As(err, &s) {
-		return s.d
-	}
-	return -1
-}
-
 // Snooze, returned by a handler, makes the job available again after d
 // without spending an attempt. A negative d counts as zero.
 func Snooze(d time.Duration) error { return &snoozeError{d: max(d, 0)} }

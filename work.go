@@ -362,8 +362,7 @@ func (w *workCall) outcome(c *claimed, job *Job, err, cause, fail error) store.F
 		f.State, f.Err = string(StateCancelled), store.ErrorText(err)
 	case errors.Is(cause, ErrShutdown):
 		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), store.KeepRunAt, store.GiveAttemptBack // released, keeping its place
-	case snoozed(err) >= 0:
-		f.State, f.Delay, f.AttemptDelta = string(StateAvailable), snoozed(err), store.GiveAttemptBack
+	case snoozeOf(err, &f):
 	case IsPermanent(err):
 		f.State, f.Err = string(StateFailed), store.ErrorText(withCause(err, cause, job))
 	case job.Attempt >= job.MaxAttempts:
@@ -378,6 +377,19 @@ func (w *workCall) outcome(c *claimed, job *Job, err, cause, fail error) store.F
 		f.Outcome = attemptOutcome(err, cause)
 	}
 	return f
+}
+
+// snoozeOf reports whether err wraps a Snooze, and if so makes f give the
+// job back after its delay without spending the attempt. (A variable
+// errors.As takes the address of escapes to the heap: declared here, the
+// attempts that do not reach this case do not pay for it.)
+func snoozeOf(err error, f *store.Finish) bool {
+	var s *snoozeError
+	if !errors.As(err, &s) {
+		return false
+	}
+	f.State, f.Delay, f.AttemptDelta = string(StateAvailable), s.d, store.GiveAttemptBack
+	return true
 }
 
 // The outcomes of an attempt that did not succeed, as its error entry

@@ -39,8 +39,9 @@ func (j *Job[L]) Release(done func(written bool)) *complete.Request {
 	return j.Request(store.Release(j.ID, j.Token), done)
 }
 
-// Leases registers the leases of freshly claimed jobs of the given types
-// and returns their handles; sentAt is when the claim was sent.
+// Leases registers the leases of freshly claimed jobs (by ID, token and
+// type) and returns their handles, in the jobs' order; sentAt is when the
+// claim was sent.
 type Leases[L complete.Lease] interface {
 	Add(jobs []*store.Claimed, sentAt time.Time) []L
 }

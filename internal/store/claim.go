@@ -80,15 +80,19 @@ const (
 func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string) (ClaimResult, error) {
 	jobs := make([]Claimed, 0, k)
 	res, err := s.ClaimEach(ctx, types, workerTags, k, now, lease, worker, func(c *Claimed) { jobs = append(jobs, *c) })
+	if err != nil {
+		return ClaimResult{}, err
+	}
 	res.Jobs = jobs
-	return res, err
+	return res, nil
 }
 
 // ClaimEach is Claim handing each job to add as it is read, in the
 // order of Claim's Jobs, instead of collecting them (ClaimResult.Jobs is
 // nil): the caller keeps what it needs without a second copy. *c is
-// valid only during the call. On an error, jobs handed to add may be
-// among those of a claim that did not commit.
+// valid only during the call. On an error the caller drops what add was
+// handed: the claim may have committed (an error reading its rows) or
+// not, and jobs it took are handed out again once their leases expire.
 func (s *Store) ClaimEach(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string, add func(c *Claimed)) (ClaimResult, error) {
 	args := []any{Mode, types, workerTags, k, now, lease.Milliseconds(), worker}
 	strict, err := s.strictSessions(ctx)

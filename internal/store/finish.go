@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -235,18 +234,9 @@ type finishArrays struct {
 // finishArraysOf builds the arrays of fs; discard: completions marked
 // Discard are sent as 'discarded' (finish() of migration 21).
 func finishArraysOf(fs []Finish, discard bool) finishArrays {
-	var a finishArrays
-	a.fill(fs, discard)
-	return a
-}
-
-// fill sets a to the arrays of fs, reusing a's arrays where they are
-// large enough (finishArraysOf).
-func (a *finishArrays) fill(fs []Finish, discard bool) {
 	n := len(fs)
-	a.ids, a.tokens, a.states = resize(a.ids, n), resize(a.tokens, n), resize(a.states, n)
-	a.delays, a.deltas, a.results, a.errs = resize(a.delays, n), resize(a.deltas, n), resize(a.results, n), resize(a.errs, n)
-	a.outcomes, a.progress = nil, nil
+	a := finishArrays{ids: make(uuidArray, n), tokens: make(uuidArray, n), states: make(textArray, n),
+		delays: make([]int64, n), deltas: make([]int32, n), results: make([]json.RawMessage, n), errs: make([]*string, n)}
 	for i, f := range fs {
 		a.ids[i], a.tokens[i], a.states[i] = f.ID, f.Token, f.State
 		if discard && f.Discard && f.State == "completed" {
@@ -271,29 +261,7 @@ func (a *finishArrays) fill(fs []Finish, discard bool) {
 			a.progress[i] = f.Progress
 		}
 	}
-}
-
-// release clears what a's arrays point to and returns them to
-// finishArraysPool.
-func (a *finishArrays) release() {
-	clear(a.states)
-	clear(a.results)
-	clear(a.errs)
-	a.outcomes, a.progress = nil, nil
-	finishArraysPool.Put(a)
-}
-
-// finishArraysPool keeps the arrays of Finish's batches (hundreds of
-// outcomes each, one batch after another) for the next one.
-var finishArraysPool = sync.Pool{New: func() any { return new(finishArrays) }}
-
-// resize returns s with length n, reusing its array when it is large
-// enough (its elements are then the old ones, for the caller to set).
-func resize[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n)
-	}
-	return s[:n]
+	return a
 }
 
 // Finish writes outcomes of jobs without dependents in one statement (the
@@ -320,12 +288,10 @@ func (s *Store) Finish(ctx context.Context, fs []Finish) (FinishResult, error) {
 		}
 		seen[f.ID] = true
 	}
-	a := finishArraysPool.Get().(*finishArrays)
-	defer a.release()
-	a.fill(fs, true)
+	a := finishArraysOf(fs, true)
 	exclude := [][16]byte{}
 	for range n + 1 {
-		res, graph, err := s.finishOnce(ctx, a, exclude)
+		res, graph, err := s.finishOnce(ctx, &a, exclude)
 		if err != nil {
 			return FinishResult{}, err
 		}
