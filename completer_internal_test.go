@@ -2,6 +2,7 @@ package backlog
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -16,15 +17,23 @@ import (
 	"github.com/backlogq/backlog/internal/testdb"
 )
 
-// The completer writes every outcome it holds exactly once, however many
-// batches they take: 2.25 batches' worth are queued before it starts, and
-// each is written, and reported written, once.
-func TestCompleterWritesEveryBatch(t *testing.T) {
+// migratedQueue is a quiet Queue on a fresh, migrated schema, closed at
+// the test's end; nothing is started.
+func migratedQueue(t *testing.T) *Queue {
 	ctx := context.Background()
 	q, err := New(ctx, testdb.Pool(t), WithSchema(testdb.Schema(t)), WithLogger(quiet()))
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, q.Close()) })
 	require.NoError(t, q.Migrate(ctx))
+	return q
+}
+
+// The completer writes every outcome it holds exactly once, however many
+// batches they take: 2.25 batches' worth are queued before it starts, and
+// each is written, and reported written, once.
+func TestCompleterWritesEveryBatch(t *testing.T) {
+	ctx := context.Background()
+	q := migratedQueue(t)
 	n := complete.MaxBatch*2 + complete.MaxBatch/4
 	for i := 0; i < n; i += 5000 {
 		specs := make([]JobSpec, min(5000, n-i))
@@ -73,18 +82,18 @@ func TestCompleterWritesEveryBatch(t *testing.T) {
 	require.Equal(t, n, done)
 }
 
-// A batch of outcomes that free slots of a concurrency limit announces one
-// posting a type, not one a job (a limit that does not bind frees hundreds
-// of slots a batch), and every domain of the type still hears it.
+// A batch of outcomes announces what it made available once a (type,
+// tags), not once a job: the slots of a concurrency limit it freed (a
+// limit that does not bind frees hundreds a batch), and retries due now;
+// every domain of the type still hears it.
 func TestCompleterAnnouncesFreedSlotsOncePerType(t *testing.T) {
 	ctx := context.Background()
-	q, err := New(ctx, testdb.Pool(t), WithSchema(testdb.Schema(t)), WithLogger(quiet()))
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, q.Close()) })
-	require.NoError(t, q.Migrate(ctx))
+	q := migratedQueue(t)
 	var took []store.Claimed
-	for typ, n := range map[string]int{"slot-a": 30, "slot-b": 20} {
-		require.NoError(t, q.SetLimit(ctx, typ, Limit{Concurrency: 1000}))
+	for typ, n := range map[string]int{"slot-a": 30, "slot-b": 20, "retry": 10} {
+		if typ != "retry" {
+			require.NoError(t, q.SetLimit(ctx, typ, Limit{Concurrency: 1000}))
+		}
 		specs := make([]JobSpec, n)
 		for k := range specs {
 			specs[k] = JobSpec{Type: typ}
@@ -105,9 +114,14 @@ func TestCompleterAnnouncesFreedSlotsOncePerType(t *testing.T) {
 	}}, quiet(), q.faults)
 	var written sync.WaitGroup
 	for _, j := range took {
-		require.True(t, j.Slot, "job %s holds a slot", j.ID)
+		f := store.Finish{ID: j.ID, Token: j.Token, State: string(StateCompleted)}
+		if j.Type == "retry" {
+			f.State, f.Err = string(StateAvailable), store.ErrorText(errors.New("again")) // due now
+		} else {
+			require.True(t, j.Slot, "job %s holds a slot", j.ID)
+		}
 		written.Add(1)
-		c.Submit(&complete.Request{F: store.Finish{ID: j.ID, Token: j.Token, State: string(StateCompleted)}, Type: j.Type, Slot: true,
+		c.Submit(&complete.Request{F: f, Type: j.Type, Slot: j.Slot,
 			Done: func(ok bool) {
 				assert.True(t, ok, "job %s", j.ID)
 				written.Done()
@@ -122,5 +136,5 @@ func TestCompleterAnnouncesFreedSlotsOncePerType(t *testing.T) {
 	for _, p := range posted {
 		types[p.Type]++
 	}
-	require.Equal(t, map[string]int{"slot-a": 1, "slot-b": 1}, types, "postings: %+v", posted)
+	require.Equal(t, map[string]int{"slot-a": 1, "slot-b": 1, "retry": 1}, types, "postings: %+v", posted)
 }

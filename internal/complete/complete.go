@@ -320,7 +320,9 @@ func (c *Completer) writeBatch(ctx context.Context, rs []*Request, mode writeMod
 			}
 			if _, ok := freed[r.Type]; r.Slot && !ok {
 				// One posting a type, not one a job: a batch under a
-				// limit that does not bind frees hundreds of slots.
+				// limit that does not bind frees hundreds of slots, and
+				// building a posting for each (Dedupe drops them below)
+				// costs the hot path a few allocations a job.
 				if freed == nil {
 					freed = map[string]struct{}{}
 				}
@@ -342,7 +344,9 @@ func (c *Completer) writeBatch(ctx context.Context, rs []*Request, mode writeMod
 			c.settle(r, false)
 		}
 	}
-	c.cfg.Announce(append(again, posting.OfAvail(res.Avail)...))
+	// One posting a (type, tags): retries of one type made available
+	// together would otherwise wake every domain of it once a job.
+	c.cfg.Announce(posting.Dedupe(append(again, posting.OfAvail(res.Avail)...)))
 	if len(graph) > 0 {
 		c.mu.Lock()
 		c.graph = append(c.graph, graph...)
