@@ -105,7 +105,6 @@ func TestLeaseLostStaleWorkerCannotFinish(t *testing.T) {
 	staleReturn := make(chan struct{})
 	var returnOnce sync.Once
 	letStaleReturn := func() { returnOnce.Do(func() { close(staleReturn) }) }
-	t.Cleanup(letStaleReturn) // a failed assertion must not leave the handler blocked
 	mux := backlog.NewMux()
 	mux.HandleFunc("contested", func(ctx context.Context, job *backlog.Job) error {
 		close(staleStarted)
@@ -116,6 +115,10 @@ func TestLeaseLostStaleWorkerCannotFinish(t *testing.T) {
 		return nil
 	})
 	work(t, e.q, mux, backlog.Concurrency(1))
+	// Registered after work's, so it runs first (cleanups run last in,
+	// first out): a failed assertion must not leave the handler blocked,
+	// and Work's cleanup waits for its handlers.
+	t.Cleanup(letStaleReturn)
 	id, err := e.q.Enqueue(ctx, "contested", nil)
 	require.NoError(t, err)
 	<-staleStarted
@@ -123,7 +126,9 @@ func TestLeaseLostStaleWorkerCannotFinish(t *testing.T) {
 	// Another process takes the job over: expire the lease as if the first
 	// worker had been cut off (a token it does not hold, so that its
 	// heartbeat cannot renew it meanwhile), and sweep. The first process's
-	// own sweep may get there first; either way the job is available.
+	// own sweep may get there first; either way the job becomes available.
+	// Waited for: when the first process's sweep holds the row, this sweep
+	// skips it (SKIP LOCKED) and returns before that one commits.
 	_, err = e.pool.Exec(ctx, `UPDATE "`+e.schema+`".jobs SET lease_expires_at = now() - interval '1 second',
 		lease_token = gen_random_uuid() WHERE id = $1`, id)
 	require.NoError(t, err)
@@ -131,6 +136,7 @@ func TestLeaseLostStaleWorkerCannotFinish(t *testing.T) {
 	n, err := q2.SweepExpired(ctx)
 	require.NoError(t, err)
 	require.LessOrEqual(t, n, 1)
+	e.waitState(id, 10*time.Second, backlog.StateAvailable)
 	require.Equal(t, 1, e.countLive("id = $1 AND state = 'available'", id))
 	mux2 := backlog.NewMux()
 	mux2.HandleFunc("contested", func(ctx context.Context, job *backlog.Job) error {

@@ -70,10 +70,13 @@ func newUI(t *testing.T, opts ...backlogui.Option) *ui {
 	jobs, err := seed.Enqueue(ctx, q, 2)
 	require.NoError(t, err)
 	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
 	worktest.Run(t, func(ctx context.Context) error {
 		return q.Work(ctx, seed.Handler(release), backlog.Types(seed.Worked...), seed.WorkerTags, backlog.Concurrency(4))
 	})
+	// After worktest.Run's cleanup is registered, so that it runs first
+	// (last in, first out): the slow job returns at once, and Work's stop
+	// does not wait out its grace period for it.
+	t.Cleanup(func() { close(release) })
 	u := &ui{t: t, q: q, jobs: jobs}
 	waitState(t, q, jobs.Running[0], backlog.StateRunning)
 	for _, id := range append(jobs.Failed, jobs.XSS...) {

@@ -94,10 +94,13 @@ func newEnv(t *testing.T) *env {
 	jobs, err := seed.Enqueue(ctx, q, 3)
 	must(t, err)
 	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
 	worktest.Run(t, func(ctx context.Context) error {
 		return q.Work(ctx, seed.Handler(release), backlog.Types(seed.Worked...), seed.WorkerTags, backlog.Concurrency(4))
 	})
+	// After worktest.Run's cleanup is registered, so that it runs first
+	// (last in, first out): the slow job returns at once, and Work's stop
+	// does not wait out its grace period for it.
+	t.Cleanup(func() { close(release) })
 	e := &env{t: t, q: q, jobs: jobs}
 	e.waitState(jobs.Running[0], backlog.StateRunning)
 	for _, id := range append(append([]uuid.UUID{}, jobs.Failed...), jobs.XSS...) {
