@@ -773,6 +773,7 @@ func (a *acquirer) watchFlowLocked(t *acqTimer) {
 	if !a.bufferedLocked() {
 		return
 	}
+	a.releaseIdleLocked()
 	a.flow.watching = true
 	since := a.flow.epoch
 	a.group.Go(func(ctx context.Context) {
@@ -796,6 +797,28 @@ func (a *acquirer) watchFlowLocked(t *acqTimer) {
 			a.flow.watch = a.afterFuncLocked(flowWatch, a.watchFlowLocked)
 		}
 	})
+}
+
+// releaseIdleLocked gives back the buffered jobs of domains whose workers
+// are all busy and took none of them for a flowWatch, and drops the
+// demand their buffers were sized by. The buffer aims at what the workers
+// would take during two claims at the rate last measured, and that rate is
+// measured only when a claim starts: workers that all went into long
+// handlers after quick ones would keep their buffer's jobs, leased, for as
+// long as the handlers run, while another process's idle workers could
+// run them.
+func (a *acquirer) releaseIdleLocked() {
+	now := time.Now()
+	var back []*claimed
+	for _, d := range a.domains {
+		if len(d.waiters) == 0 && !d.busyLocked() && d.pre.Idle(now, flowWatch) {
+			back = append(back, d.pre.Drain()...)
+			d.pre.Forget()
+		}
+	}
+	if len(back) > 0 {
+		a.group.Go(func(context.Context) { a.store.release(back) })
+	}
 }
 
 // bufferedLocked reports whether any domain holds prefetched jobs.

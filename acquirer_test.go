@@ -864,6 +864,90 @@ func TestAcquirerSlowHandlersPrefetchNothing(t *testing.T) {
 	})
 }
 
+// TestAcquirerBusyWorkersGiveTheBufferBack: a worker that went into a
+// long handler after quick ones does not keep its domain's buffered jobs
+// for the handler's duration, where another process's idle workers could
+// not run them: within two flow watches they are given back, and the
+// domain does not claim again until a worker waits. (Before: the buffer
+// aimed at what the rate last measured asked for, and kept 1 or 2 jobs,
+// leased, for the whole 30 s.)
+func TestAcquirerBusyWorkersGiveTheBufferBack(t *testing.T) {
+	for _, quick := range []time.Duration{time.Millisecond, 20 * time.Millisecond} {
+		t.Run(quick.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				st := newFakeStore()
+				st.delay = time.Millisecond
+				a := newTestAcquirer(t, st)
+				for range 300 {
+					st.add("a", nil, 0)
+				}
+				d := spec(t, []string{"a"}, nil)
+				a.join(d, 1, 1000)
+				ctx := context.Background()
+				var got []*claimed
+				take := func() {
+					j, err := a.acquire(ctx, d)
+					require.NoError(t, err)
+					got = append(got, j)
+				}
+				for range 50 {
+					take()
+					<-time.After(quick) // a quick handler, in fake time
+				}
+				take()
+				<-time.After(10 * time.Millisecond) // the refill's claim lands
+				synctest.Wait()
+				buffered := func() int {
+					a.mu.Lock()
+					defer a.mu.Unlock()
+					return a.domains[d.key].pre.Len()
+				}
+				held := buffered()
+				if quick == time.Millisecond {
+					require.Positive(t, held, "nothing buffered to begin with: the test shows nothing")
+				}
+				// A long handler: 30 s, in fake time.
+				<-time.After(2 * flowWatch)
+				synctest.Wait()
+				st.mu.Lock()
+				released := append([]*claimed(nil), st.released...)
+				st.mu.Unlock()
+				require.Len(t, released, held, "the buffered jobs were not given back")
+				claims := st.callCount()
+				// The jobs given back are announced, as a release's are: the
+				// domain, its demand forgotten, does not take them again.
+				a.post(posting.Posting{Type: "a"})
+				<-time.After(30*time.Second - 2*flowWatch - 10*time.Millisecond)
+				synctest.Wait()
+				require.Equal(t, claims, st.callCount(), "the domain claimed again while its worker was busy")
+				require.Zero(t, buffered(), "jobs stayed buffered while the worker was busy")
+
+				// Quick handlers again: the buffer is sized anew, and claims
+				// batch once more (1 ms handlers; 20 ms ones, one worker, take
+				// less than half a job during two claims: nothing is stocked).
+				for range 100 {
+					take()
+					<-time.After(quick)
+				}
+				maxK := 0
+				st.mu.Lock()
+				for _, c := range st.calls[claims:] {
+					maxK = max(maxK, c.k)
+				}
+				st.mu.Unlock()
+				if quick == time.Millisecond {
+					require.Greater(t, maxK, 1, "no claim took more than the waiting worker after the buffer was given back")
+				}
+				left := a.leave(d, 1)
+				require.Equal(t, len(got)+len(left), requireDistinct(t, got, left))
+				for _, r := range released {
+					require.NotContains(t, got, r, "a job both handed out and given back")
+				}
+			})
+		})
+	}
+}
+
 func TestAcquirerCloseReleasesTheBuffer(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := newFakeStore()

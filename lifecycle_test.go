@@ -1,6 +1,7 @@
 package backlog_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -323,4 +324,56 @@ func TestBadInputWritesNothing(t *testing.T) {
 	}
 	_, err := backlog.New(ctx, nil)
 	require.ErrorIs(t, err, backlog.ErrInvalid)
+}
+
+// TestBusyProcessGivesItsBufferBack: a process whose only worker went into
+// a long handler after quick ones gives back the jobs its prefetch buffer
+// holds, so that another process's idle workers run them within seconds,
+// not after the long handler. Before, the buffer kept them (leased, renewed)
+// for as long as the handler ran: its size follows the rate measured when
+// claims start, and no claim started while the worker was busy.
+func TestBusyProcessGivesItsBufferBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	var specs []backlog.JobSpec
+	for i := range 300 {
+		specs = append(specs, backlog.JobSpec{Type: "burst", Args: map[string]int{"i": i}})
+	}
+	specs = append(specs, backlog.JobSpec{Type: "burst", Args: map[string]bool{"long": true}})
+	for i := range 30 {
+		specs = append(specs, backlog.JobSpec{Type: "burst", Args: map[string]int{"tail": i}})
+	}
+	ids, err := e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	long := ids[300]
+
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
+	work(t, e.q, backlog.HandlerFunc(func(ctx context.Context, job *backlog.Job) error {
+		if bytes.Contains(job.Args, []byte(`"long"`)) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	}), backlog.Types("burst"), backlog.Concurrency(1))
+	t.Cleanup(letGo) // after work's, so it runs first
+	e.waitState(long, 30*time.Second, backlog.StateRunning)
+
+	// Another process with idle workers: every job after the long one runs
+	// there (or ran before the long one started), within the flow watch
+	// that gives the busy process's buffer back, and well before the long
+	// handler ends.
+	q2 := e.queue(testdb.NewPool(t, 4), backlog.WithWorkerID("idle"))
+	work(t, q2, backlog.HandlerFunc(func(context.Context, *backlog.Job) error { return nil }),
+		backlog.Types("burst"), backlog.Concurrency(4))
+	e.waitCount(`state = 'completed'`, len(specs)-1, 15*time.Second)
+	info, err := e.q.Job(ctx, long)
+	require.NoError(t, err)
+	require.Equal(t, backlog.StateRunning, info.State, "the long handler is still running")
+	letGo()
+	e.waitState(long, 10*time.Second, backlog.StateCompleted)
 }

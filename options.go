@@ -457,9 +457,12 @@ func Concurrency(n int) WorkOption { return workFunc(func(c *workConfig) { c.con
 // other processes, and quick ones get claims of hundreds of jobs.
 // Prefetched jobs are leased like running ones (their timeouts start with
 // their handlers) and are given back when the last Work call of their
-// domain returns. Work calls with the same types and tags share a domain
-// and its buffer, which then holds at most the largest of their Prefetch
-// values. 0 turns it off: a claim takes as many jobs as workers wait.
+// domain returns, or when no worker took one for a second or two while
+// every worker is busy (long handlers after quick ones), so that other
+// processes' idle workers can run them. Work calls with the same types
+// and tags share a domain and its buffer, which then holds at most the
+// largest of their Prefetch values. 0 turns it off: a claim takes as many
+// jobs as workers wait.
 // Defaults to 1,000.
 func Prefetch(n int) WorkOption { return workFunc(func(c *workConfig) { c.prefetch = n }) }
 

@@ -26,8 +26,9 @@ import (
 // nothing back from other processes; no-op handlers, whose workers mostly
 // wait, get the whole max.
 type Buffer[T any] struct {
-	buf []T       // claimed, not yet handed out; FIFO
-	at  time.Time // when the jobs in buf were claimed (the last put)
+	buf   []T       // claimed, not yet handed out; FIFO
+	at    time.Time // when the jobs in buf were claimed (the last put)
+	taken time.Time // the last hand-out from buf (Take)
 	// Max is the largest size (0: no prefetch).
 	Max int
 	// Workers counts the worker goroutines of the Work calls that joined.
@@ -61,7 +62,11 @@ func (p *Buffer[T]) Target() int {
 		return 0
 	}
 	demand := p.rate * float64(p.Workers) / max(p.busy, 1)
-	return min(p.Max, int(math.Ceil(demand*2*p.claimDur.Seconds())))
+	// Rounded, not up: workers that take less than half a job during two
+	// claims (slow handlers, or few workers: with claims of 2 ms, a domain
+	// taking under 125 jobs a second) are not stocked a job that would
+	// wait for one of them, held from other processes.
+	return min(p.Max, int(math.Round(demand*2*p.claimDur.Seconds())))
 }
 
 // Low reports whether the buffer should be refilled without a
@@ -91,7 +96,22 @@ func (p *Buffer[T]) Take(now time.Time) (j T, buffered time.Duration, ok bool) {
 		p.buf = nil
 	}
 	p.handed++
+	p.taken = now
 	return j, now.Sub(p.at), true
+}
+
+// Idle reports whether the buffer holds jobs of which none was handed out
+// for at least d: since its last hand-out, or since the jobs came when
+// none was handed out after them.
+func (p *Buffer[T]) Idle(now time.Time, d time.Duration) bool {
+	return len(p.buf) > 0 && now.Sub(p.taken) >= d && now.Sub(p.at) >= d
+}
+
+// Forget drops the demand measured so far (the buffer aims at nothing
+// until a claim for waiting workers measures it again).
+func (p *Buffer[T]) Forget() {
+	p.rate, p.busy, p.handed, p.waited = 0, 0, 0, 0
+	p.windowAt = time.Time{}
 }
 
 // Hand counts a job handed straight from a claim.
