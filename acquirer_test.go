@@ -913,6 +913,7 @@ func TestAcquirerBusyWorkersGiveTheBufferBack(t *testing.T) {
 				released := append([]*claimed(nil), st.released...)
 				st.mu.Unlock()
 				require.Len(t, released, held, "the buffered jobs were not given back")
+				handed := len(got) // before the give-back
 				claims := st.callCount()
 				// The jobs given back are announced, as a release's are: the
 				// domain, its demand forgotten, does not take them again.
@@ -941,7 +942,7 @@ func TestAcquirerBusyWorkersGiveTheBufferBack(t *testing.T) {
 				left := a.leave(d, 1)
 				require.Equal(t, len(got)+len(left), requireDistinct(t, got, left))
 				for _, r := range released {
-					require.NotContains(t, got, r, "a job both handed out and given back")
+					require.NotContains(t, got[:handed], r, "a job both handed out and given back")
 				}
 			})
 		})
