@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -24,8 +25,9 @@ import (
 type acquirerStore interface {
 	// claim takes up to k due jobs for the domain under fresh leases, now
 	// of them for workers waiting now (the rest fill the prefetch
-	// buffer).
-	claim(ctx context.Context, d *domainSpec, k, now int) (claimResult, error)
+	// buffer). saturated: the domain's last claim found a concurrency
+	// limit binding (see claim.Claimer.Claim).
+	claim(ctx context.Context, d *domainSpec, k, now int, saturated bool) (claimResult, error)
 	// release gives back jobs that were claimed but that no worker took.
 	release(jobs []*claimed)
 	// holdBack stops the jobs of types that were handed to workers but
@@ -116,6 +118,13 @@ type acquirer struct {
 	domains map[string]*domain
 	closed  bool
 	flow    flowState
+
+	// saturated counts the domains whose concurrency limit binds
+	// (domain.saturated), and slotEnds the handlers of jobs holding a
+	// slot of one that ended: slotEnded takes a.mu only when a domain
+	// needs the wake, not once a job in every burn-down of a limited type.
+	saturated atomic.Int32
+	slotEnds  atomic.Uint64
 }
 
 // flowState is what the acquirer knows of the flow epoch (see flowWatch).
@@ -140,11 +149,16 @@ type domain struct {
 	short    bool                      // the last claim came back short and unlimited: no backlog
 	posted   int                       // postings since the loop's claim started
 	slots    bool                      // a claim took jobs holding slots of a limit: no extra claims
-	parked   bool                      // the last claim came back short: wait for a wake
-	poll     *acqTimer                 // backup poll, armed while parked
-	retry    *acqTimer                 // after a failed claim, or one that skipped locked jobs
-	errs     backoff.BackOff
-	skips    backoff.BackOff
+	// saturated: the last claim found a concurrency limit binding (no
+	// slot left beyond its callers'): claims pass the tokens of jobs
+	// whose handlers ended, and each such end wakes the domain
+	// (a.saturated counts such domains).
+	saturated bool
+	parked    bool      // the last claim came back short: wait for a wake
+	poll      *acqTimer // backup poll, armed while parked
+	retry     *acqTimer // after a failed claim, or one that skipped locked jobs
+	errs      backoff.BackOff
+	skips     backoff.BackOff
 }
 
 // waitingWorker is a worker waiting in a domain's line for a job
@@ -170,8 +184,8 @@ type claimSource struct {
 	leases *leases
 }
 
-func (c claimSource) claim(ctx context.Context, d *domainSpec, k, now int) (claimResult, error) {
-	return c.cl.Claim(ctx, d.types, d.tagsJ, k, now)
+func (c claimSource) claim(ctx context.Context, d *domainSpec, k, now int, saturated bool) (claimResult, error) {
+	return c.cl.Claim(ctx, d.types, d.tagsJ, k, now, saturated)
 }
 
 func (c claimSource) release(jobs []*claimed) { c.cl.Release(jobs) }
@@ -360,9 +374,11 @@ func (a *acquirer) claimLoop(d *domain) {
 		started := time.Now()
 		d.pre.StartClaim(started, len(d.waiters))
 		drops := d.drops
+		saturated := d.saturated
+		ends := a.slotEnds.Load()
 		a.mu.Unlock()
 
-		res, err := a.claim(d, k, wanted)
+		res, err := a.claim(d, k, wanted, saturated)
 		jobs := res.Jobs
 
 		a.mu.Lock()
@@ -382,6 +398,14 @@ func (a *acquirer) claimLoop(d *domain) {
 		}
 		d.short = err == nil && len(jobs) < k && res.Limited == store.LimitedNone && d.drops == drops
 		d.slots = d.slots || holdsSlots(jobs)
+		// A failed claim clears it: during an outage the ends of
+		// handlers must not wake the domain past its backoff.
+		a.setSaturatedLocked(d, err == nil && res.Saturated)
+		if d.saturated && !saturated && a.slotEnds.Load() != ends {
+			// Slots freed while the claim ran, before it said the limit
+			// binds: nothing woke the domain for them.
+			d.pending = true
+		}
 		if a.closed {
 			surplus = append(surplus, jobs[n:]...)
 		} else {
@@ -471,9 +495,10 @@ func (a *acquirer) claimLoop(d *domain) {
 	}
 }
 
-// claim runs one claim for d of up to k jobs, now of them wanted at once.
-func (a *acquirer) claim(d *domain, k, now int) (claimResult, error) {
-	res, err := a.store.claim(a.ctx, d.spec, k, now)
+// claim runs one claim for d of up to k jobs, now of them wanted at once;
+// saturated: d's last claim found a concurrency limit binding.
+func (a *acquirer) claim(d *domain, k, now int, saturated bool) (claimResult, error) {
+	res, err := a.store.claim(a.ctx, d.spec, k, now, saturated)
 	if err == nil {
 		a.faults.OK("claims")
 	}
@@ -575,7 +600,7 @@ func (a *acquirer) maybeExtraLocked(d *domain) {
 // or failed. When the loop has ended meanwhile, the extra claim does what
 // the loop would have. drops is the domain's drop count when it started.
 func (a *acquirer) extraClaim(d *domain, k, drops int) {
-	res, err := a.claim(d, k, k)
+	res, err := a.claim(d, k, k, false)
 	jobs := res.Jobs
 	a.mu.Lock()
 	d.extra, d.extraK = false, 0
@@ -684,6 +709,7 @@ func (a *acquirer) gcLocked(d *domain) {
 	a.stopTimer(&d.poll)
 	a.stopTimer(&d.retry)
 	if d.users <= 0 && d.pre.Len() == 0 && a.domains[d.spec.key] == d {
+		a.setSaturatedLocked(d, false)
 		delete(a.domains, d.spec.key)
 	}
 }
@@ -730,6 +756,39 @@ func (a *acquirer) post(p posting.Posting) {
 		if d.spec.matches(p.Type, p.Tags) {
 			a.wakeLocked(d)
 		}
+	}
+}
+
+// slotEnded wakes the domains of typ whose concurrency limit binds: a job
+// of typ that held a slot of it has ended its handler, and their next
+// claim does not count it against the limit (leases.Ended). A claim in
+// flight of a domain not known to bind sees the count move, and its domain
+// claims again if that claim finds the limit binding.
+func (a *acquirer) slotEnded(typ string) {
+	a.slotEnds.Add(1)
+	if a.saturated.Load() == 0 {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, d := range a.domains {
+		if d.saturated && d.spec.matches(typ, nil) {
+			a.wakeLocked(d)
+		}
+	}
+}
+
+// setSaturatedLocked records whether d's concurrency limit binds, keeping
+// a.saturated the count of such domains.
+func (a *acquirer) setSaturatedLocked(d *domain, on bool) {
+	if d.saturated == on {
+		return
+	}
+	d.saturated = on
+	if on {
+		a.saturated.Add(1)
+	} else {
+		a.saturated.Add(-1)
 	}
 }
 

@@ -20,21 +20,30 @@ import (
 // claim blocks until the test replies, so the test plays the database and
 // decides what each claim's snapshot saw.
 type scriptCall struct {
-	k, now int
-	reply  chan claimResult
+	k, now    int
+	saturated bool // the claim was told the limit binds
+	reply     chan claimResult
 }
 
 type scriptStore struct {
 	calls    chan scriptCall
 	mu       sync.Mutex
 	released []*claimed
+	fail     error // the next claim replied to fails with it
 }
 
-func (s *scriptStore) claim(ctx context.Context, d *domainSpec, k, now int) (claimResult, error) {
-	c := scriptCall{k: k, now: now, reply: make(chan claimResult, 1)}
+func (s *scriptStore) claim(ctx context.Context, d *domainSpec, k, now int, saturated bool) (claimResult, error) {
+	c := scriptCall{k: k, now: now, saturated: saturated, reply: make(chan claimResult, 1)}
 	s.calls <- c
 	select {
 	case r := <-c.reply:
+		s.mu.Lock()
+		err := s.fail
+		s.fail = nil
+		s.mu.Unlock()
+		if err != nil {
+			return claimResult{}, err
+		}
 		return r, nil
 	case <-ctx.Done():
 		return claimResult{}, ctx.Err()

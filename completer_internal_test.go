@@ -45,7 +45,7 @@ func TestCompleterWritesEveryBatch(t *testing.T) {
 	}
 	var took []store.Claimed
 	for len(took) < n {
-		res, err := q.store.Claim(ctx, []string{"batch"}, []byte(`{}`), n-len(took), n-len(took), time.Minute, "test")
+		res, err := q.store.Claim(ctx, []string{"batch"}, []byte(`{}`), n-len(took), n-len(took), time.Minute, "test", nil)
 		require.NoError(t, err)
 		require.NotEmpty(t, res.Jobs)
 		took = append(took, res.Jobs...)
@@ -100,7 +100,7 @@ func TestCompleterAnnouncesFreedSlotsOncePerType(t *testing.T) {
 		}
 		_, err := q.EnqueueMany(ctx, specs)
 		require.NoError(t, err)
-		res, err := q.store.Claim(ctx, []string{typ}, []byte(`{}`), n, n, time.Minute, "test")
+		res, err := q.store.Claim(ctx, []string{typ}, []byte(`{}`), n, n, time.Minute, "test", nil)
 		require.NoError(t, err)
 		require.Len(t, res.Jobs, n)
 		took = append(took, res.Jobs...)

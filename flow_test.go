@@ -726,8 +726,7 @@ func limitedAcrossProcesses(t *testing.T, version int64, plain, limited string, 
 		}
 		n := running.Add(1)
 		defer running.Add(-1)
-		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-		}
+		raisePeak(&peak, n)
 		select {
 		case <-time.After(2 * time.Millisecond):
 		case <-ctx.Done():

@@ -136,8 +136,7 @@ func TestOrderingKeySerialisesPerKey(t *testing.T) {
 			overlap.Add(1)
 		}
 		n := cur.Add(1)
-		for m := maxParallel.Load(); n > m && !maxParallel.CompareAndSwap(m, n); m = maxParallel.Load() {
-		}
+		raisePeak(&maxParallel, n)
 		r := run{key: a.Key, seq: a.Seq, attempt: job.Attempt, start: time.Now()}
 		<-time.After(time.Duration(rand.IntN(3000)) * time.Microsecond) // simulated work, not a wait
 		r.end = time.Now()

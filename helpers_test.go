@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -204,4 +205,11 @@ func tracedEnv(t *testing.T, opts ...backlog.Option) (*env, *stmtTracer) {
 	e.q = e.queue(pool, opts...)
 	require.NoError(t, e.q.Migrate(context.Background()))
 	return e, tr
+}
+
+// raisePeak raises *peak to n if n is higher (the most of something seen
+// running at once).
+func raisePeak(peak *atomic.Int32, n int32) {
+	for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+	}
 }

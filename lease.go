@@ -36,6 +36,7 @@ type heldLease struct {
 	owner     *leases // the registry that holds it
 	id, token uuid.UUID
 	typ       string // the job's type (holdBack)
+	conc      bool   // the job holds a slot of a concurrency limit (store.Claimed.Conc)
 	// deadline is the local (monotonic) time until which the lease is
 	// certainly ours: the send time of the last successful claim or
 	// renewal, plus the lease, minus the margin. The database's now() at
@@ -85,6 +86,11 @@ type leases struct {
 
 	mu   sync.Mutex
 	held map[uuid.UUID]*heldLease
+	// ended are the leases, by type, of jobs that hold a slot of a
+	// concurrency limit and whose handlers have ended, until their
+	// outcomes are written (remove): the claims of a domain whose limit
+	// binds pass their tokens (Ended), and such jobs then hold no slot.
+	ended map[string]map[*heldLease]struct{}
 	// progKick tells the loop that a job reported progress no renewal has
 	// been asked to write yet (progPending).
 	progKick    chan struct{}
@@ -94,7 +100,7 @@ type leases struct {
 // newLeases returns the registry of leases of duration d; its heartbeat
 // keeps procs's row fresh.
 func newLeases(st *store.Store, log *slog.Logger, faults *outage.Tracker, d time.Duration, procs *registry.Registry) *leases {
-	return &leases{procs: procs, store: st, log: log, faults: faults, duration: d, margin: d / 5, held: map[uuid.UUID]*heldLease{}, progKick: make(chan struct{}, 1)}
+	return &leases{procs: procs, store: st, log: log, faults: faults, duration: d, margin: d / 5, held: map[uuid.UUID]*heldLease{}, ended: map[string]map[*heldLease]struct{}{}, progKick: make(chan struct{}, 1)}
 }
 
 func (l *leases) start() { l.group.Start(l.loop) }
@@ -112,7 +118,7 @@ func (l *leases) Add(jobs []*store.Claimed, sentAt time.Time) []*heldLease {
 		if old := l.held[j.ID]; old != nil && old.token != j.Token {
 			l.loseLocked(old)
 		}
-		le := &heldLease{owner: l, id: j.ID, token: j.Token, typ: j.Type, deadline: sentAt.Add(l.duration - l.margin)}
+		le := &heldLease{owner: l, id: j.ID, token: j.Token, typ: j.Type, conc: j.Conc, deadline: sentAt.Add(l.duration - l.margin)}
 		out[i] = le
 		l.held[j.ID] = le
 	}
@@ -138,6 +144,14 @@ func (l *leases) begin(le *heldLease, cancel context.CancelCauseFunc) error {
 func (l *leases) end(le *heldLease) (e attemptEnd) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if le.conc && !le.done {
+		set := l.ended[le.typ]
+		if set == nil {
+			set = map[*heldLease]struct{}{}
+			l.ended[le.typ] = set
+		}
+		set[le] = struct{}{}
+	}
 	le.done = true
 	e = attemptEnd{fail: le.failWith, lost: le.lost}
 	if le.progSeq != le.progSent {
@@ -174,9 +188,41 @@ func (le *heldLease) Forget() { le.owner.remove(le) }
 func (l *leases) remove(le *heldLease) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if set := l.ended[le.typ]; set != nil {
+		delete(set, le)
+		if len(set) == 0 {
+			delete(l.ended, le.typ)
+		}
+	}
 	if l.held[le.id] == le {
 		delete(l.held, le.id)
 	}
+}
+
+// maxEndedTokens bounds the tokens one claim passes (Ended): the
+// claim compares each running job of a limited type with each of them.
+// A process with more ended jobs waiting for their outcomes' write has
+// freed more slots than a claim is likely to need.
+const maxEndedTokens = 256
+
+// Ended returns the lease tokens of jobs of the given types that
+// hold a slot of a concurrency limit and whose handlers have ended, whose
+// outcomes are not written yet (at most maxEndedTokens; nil: none). A
+// claim that passes them does not count those jobs against the
+// concurrency limit (key limits still do).
+func (l *leases) Ended(types []string) [][16]byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out [][16]byte
+	for _, t := range types {
+		for le := range l.ended[t] {
+			if len(out) == maxEndedTokens {
+				return out
+			}
+			out = append(out, le.token)
+		}
+	}
+	return out
 }
 
 // setProgress records a job's latest progress for the next renewal. It

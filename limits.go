@@ -23,7 +23,10 @@ import (
 //
 // A job holding a slot keeps it until its outcome is written, or, if its
 // process dies, until its lease expires and the sweep makes it available
-// again. When slots are short, claims take jobs only for workers waiting
+// again. A Concurrency slot is free for its own process's claims earlier,
+// once the job's handler has returned (docs/flow-control.md), so the
+// limit bounds the handlers running at once while a row may stay running
+// a few milliseconds longer. When slots are short, claims take jobs only for workers waiting
 // at that moment (no prefetch), so slots are not held by jobs waiting in
 // one process's buffer.
 type Limit struct {

@@ -381,7 +381,7 @@ func TestMeasureScheduledJobs(t *testing.T) {
 	}
 	measure := func(label string) {
 		claim := median(func() {
-			_, err := q.store.Claim(ctx, spec.types, spec.tagsJ, 100, 100, time.Minute, "w")
+			_, err := q.store.Claim(ctx, spec.types, spec.tagsJ, 100, 100, time.Minute, "w", nil)
 			require.NoError(t, err)
 		})
 		promote := median(func() {

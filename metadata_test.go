@@ -384,3 +384,12 @@ func TestMigration27DownRestoresVersion26(t *testing.T) {
 	t.Parallel()
 	migrationDownRestores(t, 27)
 }
+
+// TestMigration28DownRestoresVersion27: the same for 0028 (claims that
+// do not count a process's ended jobs against the limits): the overloads
+// of claim_jobs and claim_type it added are gone, and the ones of version
+// 27 are as they were.
+func TestMigration28DownRestoresVersion27(t *testing.T) {
+	t.Parallel()
+	migrationDownRestores(t, 28)
+}

@@ -338,8 +338,7 @@ func TestRetryWhereKeepsTheOrderingKey(t *testing.T) {
 	mux.HandleFunc("keyed", func(ctx context.Context, job *backlog.Job) error {
 		n := running.Add(1)
 		defer running.Add(-1)
-		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-		}
+		raisePeak(&most, n)
 		if fail.Load() {
 			return backlog.Permanent(errors.New("down"))
 		}

@@ -83,7 +83,7 @@ func TestTagMatchingTable(t *testing.T) {
 			d, err := newDomainSpec(types, c.worker)
 			require.NoError(t, err, name)
 			require.Equal(t, c.match, d.matches(typ, c.job), "Go matcher: %s", name)
-			res, err := st.Claim(ctx, d.types, d.tagsJ, 10, 10, time.Minute, "w")
+			res, err := st.Claim(ctx, d.types, d.tagsJ, 10, 10, time.Minute, "w", nil)
 			require.NoError(t, err, name)
 			require.False(t, res.Skipped, name)
 			got := res.Jobs
@@ -127,7 +127,7 @@ func TestTagMatchingTable(t *testing.T) {
 	}
 	d, err := newDomainSpec([]string{"mixed.a", "mixed.b", "mixed.c"}, worker)
 	require.NoError(t, err)
-	res, err := st.Claim(ctx, d.types, d.tagsJ, 10, 10, time.Minute, "w")
+	res, err := st.Claim(ctx, d.types, d.tagsJ, 10, 10, time.Minute, "w", nil)
 	require.NoError(t, err)
 	got := map[string]bool{}
 	for _, j := range res.Jobs {
@@ -146,7 +146,7 @@ func TestTagMatchingTable(t *testing.T) {
 	}
 	d, err = newDomainSpec([]string{"multi.0", "multi.1", "multi.2"}, nil)
 	require.NoError(t, err)
-	res, err = st.Claim(ctx, d.types, d.tagsJ, 2, 2, time.Minute, "w")
+	res, err = st.Claim(ctx, d.types, d.tagsJ, 2, 2, time.Minute, "w", nil)
 	require.NoError(t, err)
 	require.Len(t, res.Jobs, 2)
 	require.ElementsMatch(t, []string{ids[1], ids[2]}, []string{res.Jobs[0].ID.String(), res.Jobs[1].ID.String()})

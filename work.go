@@ -243,6 +243,11 @@ func (w *workCall) jobOf(c *claimed) *Job {
 func (w *workCall) run(c *claimed) (*Job, store.Finish, error) {
 	job, f, err := w.attempt(c)
 	w.submit(c, f)
+	if c.Conc && job != nil {
+		// Its slot is free for this process's next claim (leases.end
+		// recorded the end), before the outcome is written.
+		w.q.acq.slotEnded(c.Type)
+	}
 	return job, f, err
 }
 

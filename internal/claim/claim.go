@@ -44,6 +44,10 @@ func (j *Job[L]) Release(done func(written bool)) *complete.Request {
 // claim was sent.
 type Leases[L complete.Lease] interface {
 	Add(jobs []*store.Claimed, sentAt time.Time) []L
+	// Ended returns the lease tokens of jobs of the types that hold a
+	// slot of a concurrency limit (store.Claimed.Conc), whose handlers
+	// have ended and whose outcomes are not written yet (nil: none).
+	Ended(types []string) [][16]byte
 }
 
 // Result is what one claim took.
@@ -58,6 +62,9 @@ type Result[L complete.Lease] struct {
 	// Next, when a rate limit held jobs back: when it allows the next
 	// start.
 	Next time.Duration
+	// Saturated: a concurrency limit left no slot beyond the claim's
+	// callers' (store.ClaimResult.Saturated).
+	Saturated bool
 }
 
 // Claimer takes jobs for one Queue.
@@ -79,7 +86,11 @@ func New[L complete.Lease](st *store.Store, leases Leases[L], comp *complete.Com
 // object) under fresh leases, now of them for callers waiting now (the
 // rest fill a prefetch buffer). A claim that takes longer than a lease is
 // abandoned: its jobs would be expired by the time it returned.
-func (c *Claimer[L]) Claim(ctx context.Context, types []string, tags json.RawMessage, k, now int) (Result[L], error) {
+// saturated says that the domain's last claim found a concurrency limit
+// binding (Result.Saturated): the claim then does not count the jobs whose
+// handlers have ended against the limit (Leases.Ended); their outcomes'
+// write would otherwise hold those slots.
+func (c *Claimer[L]) Claim(ctx context.Context, types []string, tags json.RawMessage, k, now int, saturated bool) (Result[L], error) {
 	if err := c.comp.Admit(ctx); err != nil {
 		return Result[L]{}, err
 	}
@@ -90,7 +101,11 @@ func (c *Claimer[L]) Claim(ctx context.Context, types []string, tags json.RawMes
 	// lease registered before anyone sees it.
 	var jobs []*Job[L]
 	var claimed []*store.Claimed
-	res, err := c.store.ClaimEach(ctx, types, tags, k, now, c.lease, c.worker, func(r *store.Claimed) {
+	var ended [][16]byte
+	if saturated {
+		ended = c.leases.Ended(types)
+	}
+	res, err := c.store.ClaimEach(ctx, types, tags, k, now, c.lease, c.worker, ended, func(r *store.Claimed) {
 		if jobs == nil {
 			jobs, claimed = make([]*Job[L], 0, k), make([]*store.Claimed, 0, k)
 		}
@@ -105,7 +120,7 @@ func (c *Claimer[L]) Claim(ctx context.Context, types []string, tags json.RawMes
 	}
 	next := res.Next
 	next -= min(rateLead, next/4)
-	return Result[L]{Jobs: jobs, Skipped: res.Skipped, Limited: res.Limited, Next: next}, nil
+	return Result[L]{Jobs: jobs, Skipped: res.Skipped, Limited: res.Limited, Next: next, Saturated: res.Saturated}, nil
 }
 
 // rateLead: a rate limit's next start is given in whole milliseconds,

@@ -29,6 +29,10 @@ type Claimed struct {
 	// Slot: the job holds a slot of a concurrency limit, which its finish
 	// frees.
 	Slot bool
+	// Conc: the slot is one of a concurrency limit (Limit.Concurrency,
+	// not only a key limit): once the job's handler has ended, its
+	// process's claims may leave it out of the count (Claim's ended).
+	Conc bool
 	// Meta is the job's metadata (nil when it has none).
 	Meta map[string]string
 	// Prereqs are the job's prerequisites that completed before it could
@@ -52,6 +56,10 @@ type ClaimResult struct {
 	// Next, when a rate limit held jobs back: when it allows the next
 	// start (0: wait for a freed slot instead).
 	Next time.Duration
+	// Saturated: a concurrency limit left no slot beyond the claim's
+	// callers' (it binds). The caller's next claims pass the tokens of its
+	// jobs whose handlers end meanwhile (Claim's ended).
+	Saturated bool
 }
 
 // Limited says whether, and how, limits held back jobs from a claim.
@@ -67,7 +75,10 @@ const (
 // Claim locks up to k due jobs of the given types whose tags are a subset of
 // workerTags and leases them to worker for lease; now of them are wanted
 // at once (the rest would fill a prefetch buffer, which limited types do
-// not get).
+// not get). ended are the lease tokens of jobs of the caller's whose
+// handlers have ended and whose outcomes are not written yet: they hold
+// no slot of a concurrency limit (nil: none; key limits count them).
+// Pass them after a claim that came back Saturated.
 //
 // A claim is one statement in a transaction of its own, at READ COMMITTED:
 // claims of a type take turns on its claim lock, and each must read on a
@@ -77,9 +88,9 @@ const (
 // COMMITTED transaction (two more round trips); at REPEATABLE READ, a
 // claim that waited for another would meet that claim's jobs on its older
 // snapshot and fail with a serialization error.
-func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string) (ClaimResult, error) {
+func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string, ended [][16]byte) (ClaimResult, error) {
 	jobs := make([]Claimed, 0, k)
-	res, err := s.ClaimEach(ctx, types, workerTags, k, now, lease, worker, func(c *Claimed) { jobs = append(jobs, *c) })
+	res, err := s.ClaimEach(ctx, types, workerTags, k, now, lease, worker, ended, func(c *Claimed) { jobs = append(jobs, *c) })
 	if err != nil {
 		return ClaimResult{}, err
 	}
@@ -93,8 +104,8 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 // valid only during the call. On an error the caller drops what add was
 // handed: the claim may have committed (an error reading its rows) or
 // not, and jobs it took are handed out again once their leases expire.
-func (s *Store) ClaimEach(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string, add func(c *Claimed)) (ClaimResult, error) {
-	args := []any{Mode, types, workerTags, k, now, lease.Milliseconds(), worker}
+func (s *Store) ClaimEach(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string, ended [][16]byte, add func(c *Claimed)) (ClaimResult, error) {
+	args := []any{Mode, types, workerTags, k, now, lease.Milliseconds(), worker, uuidArray(ended)}
 	strict, err := s.strictSessions(ctx)
 	if err != nil {
 		return ClaimResult{}, err
@@ -189,8 +200,9 @@ func readClaim(rows pgx.Rows, add func(c *Claimed)) (ClaimResult, error) {
 }
 
 // claimColumns is how many columns the claim function returns: column
-// 16 is the metadata (migration 0011), 17 the prerequisites (0012).
-const claimColumns = 18
+// 16 is the metadata (migration 0011), 17 the prerequisites (0012), 18
+// conc and 19 saturated (0028).
+const claimColumns = 20
 
 // pgEpoch is PostgreSQL's timestamp epoch, in Unix microseconds.
 const pgEpoch = 946684800 * 1_000_000
@@ -213,10 +225,14 @@ func decodeClaimed(v [][]byte, jsonText *[claimColumns]bool, c *Claimed, res *Cl
 	if len(v[14]) == 2 {
 		res.Limited = Limited(int16(be.Uint16(v[14])))
 	}
+	if len(v[19]) == 1 {
+		res.Saturated = v[19][0] != 0
+	}
 	if v[0] == nil {
 		return false, nil
 	}
 	c.Slot = len(v[15]) == 1 && v[15][0] != 0
+	c.Conc = len(v[18]) == 1 && v[18][0] != 0
 	fixed := []struct {
 		i, n int
 	}{{0, 16}, {4, 4}, {5, 4}, {6, 2}, {7, 8}, {8, 16}, {9, 8}, {10, 8}, {11, 8}}
@@ -321,9 +337,10 @@ func scanClaimed(rows pgx.Rows, c *Claimed, res *ClaimResult) (bool, error) {
 		slot            *bool
 		meta            []byte
 		prereqs         [][16]byte
+		conc, saturated *bool
 	)
 	if err := rows.Scan(&id, &typ, &args, &tags, &attempt, &maxAtt, &prio, &timeoutMS, &token, &created, &runAt,
-		&waitedUS, &nextMS, &skipped, &limited, &slot, &meta, &prereqs); err != nil {
+		&waitedUS, &nextMS, &skipped, &limited, &slot, &meta, &prereqs, &conc, &saturated); err != nil {
 		return false, err
 	}
 	if skipped != nil {
@@ -335,13 +352,16 @@ func scanClaimed(rows pgx.Rows, c *Claimed, res *ClaimResult) (bool, error) {
 	if limited != nil {
 		res.Limited = Limited(*limited)
 	}
+	if saturated != nil {
+		res.Saturated = *saturated
+	}
 	if id == nil {
 		return false, nil
 	}
 	*c = Claimed{ID: *id, Type: *typ, Args: args, Attempt: int(*attempt), MaxAttempts: int(*maxAtt),
 		Priority: int(*prio), Timeout: time.Duration(*timeoutMS) * time.Millisecond, Token: *token,
 		CreatedAt: *created, RunAt: *runAt, Waited: time.Duration(*waitedUS) * time.Microsecond, rawTags: tags,
-		Slot: slot != nil && *slot, rawMeta: meta}
+		Slot: slot != nil && *slot, Conc: conc != nil && *conc, rawMeta: meta}
 	if prereqs != nil {
 		c.Prereqs = make([]uuid.UUID, len(prereqs))
 		for i, p := range prereqs {

@@ -32,11 +32,11 @@ func TestClaimsOfATypeTakeTurns(t *testing.T) {
 	defer tx.Rollback(ctx) //nolint:errcheck
 	var first int
 	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM (`+s.sql.claim+`) c WHERE c.id IS NOT NULL`,
-		Mode, []string{"a"}, `{}`, 10, 10, 60000, "first").Scan(&first))
+		Mode, []string{"a"}, `{}`, 10, 10, 60000, "first", nil).Scan(&first))
 	require.Equal(t, 10, first)
 
 	// Another type's claim does not wait for it.
-	other, err := s.Claim(ctx, []string{"b"}, []byte(`{}`), 5, 5, time.Minute, "w")
+	other, err := s.Claim(ctx, []string{"b"}, []byte(`{}`), 5, 5, time.Minute, "w", nil)
 	require.NoError(t, err)
 	require.Len(t, other.Jobs, 5)
 
@@ -44,7 +44,7 @@ func TestClaimsOfATypeTakeTurns(t *testing.T) {
 	got := make(chan ClaimResult, 1)
 	failed := make(chan error, 1)
 	go func() {
-		res, err := s.Claim(ctx, []string{"a"}, []byte(`{}`), 20, 20, time.Minute, "second")
+		res, err := s.Claim(ctx, []string{"a"}, []byte(`{}`), 20, 20, time.Minute, "second", nil)
 		if err != nil {
 			failed <- err
 			return
@@ -106,7 +106,7 @@ func TestConcurrentClaimsLeaveClaimedJobsFree(t *testing.T) {
 			defer wg.Done()
 			errs <- func() error {
 				for {
-					res, err := s.Claim(ctx, []string{"c"}, []byte(`{}`), 25, 25, time.Minute, "w")
+					res, err := s.Claim(ctx, []string{"c"}, []byte(`{}`), 25, 25, time.Minute, "w", nil)
 					if err != nil {
 						return err
 					}
@@ -183,7 +183,7 @@ func TestClaimsUnderAStricterSessionDefault(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for claimed.Load() < jobs {
-						res, err := s.Claim(ctx, []string{"c"}, []byte(`{}`), 25, 25, time.Minute, "w")
+						res, err := s.Claim(ctx, []string{"c"}, []byte(`{}`), 25, 25, time.Minute, "w", nil)
 						if err != nil {
 							errs <- err
 							return

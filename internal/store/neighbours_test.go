@@ -38,7 +38,7 @@ func (f graphFixture) add(typ, okey string, deps ...uuid.UUID) uuid.UUID {
 func (f graphFixture) end(typ, state string) {
 	f.t.Helper()
 	ctx := context.Background()
-	res, err := f.s.Claim(ctx, []string{typ}, []byte(`{}`), 1, 1, time.Minute, "w")
+	res, err := f.s.Claim(ctx, []string{typ}, []byte(`{}`), 1, 1, time.Minute, "w", nil)
 	require.NoError(f.t, err)
 	require.Len(f.t, res.Jobs, 1, "claim of %s", typ)
 	msg := "boom"

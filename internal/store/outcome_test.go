@@ -50,7 +50,7 @@ func TestFinishRecordsTheOutcomeSent(t *testing.T) {
 		_, err := pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args) SELECT gen_random_uuid(), $1, '{}' FROM generate_series(1, $2)`,
 			typ, len(cases))
 		require.NoError(t, err)
-		res, err := s.Claim(ctx, []string{typ}, []byte(`{}`), len(cases), len(cases), time.Minute, "w")
+		res, err := s.Claim(ctx, []string{typ}, []byte(`{}`), len(cases), len(cases), time.Minute, "w", nil)
 		require.NoError(t, err)
 		require.Len(t, res.Jobs, len(cases))
 		fs := make([]Finish, len(cases))

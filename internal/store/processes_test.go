@@ -38,7 +38,7 @@ func TestProcessRow(t *testing.T) {
 	// and the row is refreshed.
 	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".jobs (id, type, args) SELECT gen_random_uuid(), 'a', '{}' FROM generate_series(1, 2)`)
 	require.NoError(t, err)
-	res, err := s.Claim(ctx, []string{"a"}, []byte(`{}`), 2, 2, time.Minute, "w")
+	res, err := s.Claim(ctx, []string{"a"}, []byte(`{}`), 2, 2, time.Minute, "w", nil)
 	require.NoError(t, err)
 	require.Len(t, res.Jobs, 2)
 	ids := []uuid.UUID{res.Jobs[0].ID, res.Jobs[1].ID}

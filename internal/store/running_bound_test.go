@@ -27,7 +27,7 @@ func TestStaleRunningBoundDoesNotCapAClaim(t *testing.T) {
 	_, err = pool.Exec(ctx, `UPDATE "`+schema+`".job_limits SET running_bound = 50 WHERE type = 'bounded'`)
 	require.NoError(t, err)
 
-	res, err := s.Claim(ctx, []string{"bounded"}, []byte(`{}`), 40, 0, time.Minute, "w")
+	res, err := s.Claim(ctx, []string{"bounded"}, []byte(`{}`), 40, 0, time.Minute, "w", nil)
 	require.NoError(t, err)
 	require.Equal(t, 25, len(res.Jobs), "a quarter of the 100 free slots (12: the stale bound capped the claim)")
 	var bound int

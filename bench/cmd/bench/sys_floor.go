@@ -43,7 +43,7 @@ func (s *floorSys) Start(_ context.Context, _ workSpec) error {
 		s.wg.Go(func() {
 			fs := make([]store.Finish, 0, batch)
 			for ctx.Err() == nil {
-				claimed, err := st.Claim(ctx, types, tags, batch, batch, backlogLease, "floor")
+				claimed, err := st.Claim(ctx, types, tags, batch, batch, backlogLease, "floor", nil)
 				if err != nil {
 					s.fail(ctx, fmt.Errorf("floor claim: %w", err))
 					continue
