@@ -72,10 +72,11 @@ func TestLimitSlotFreesWhenHandlerEnds(t *testing.T) {
 
 // TestLimitHoldsAcrossProcessesWithSlotsFreedEarly: three processes, each
 // with more workers than the limit, run 300 jobs of 1 ms under a limit
-// of 3 and 200 keyed ones under a key limit of 1; slots are freed as
-// handlers end (version 28), by each process for its own claims only. No
-// more than 3 handlers of the first type, and no more than 1 of a key,
-// ever run at once, and every job runs once.
+// of 3, whose slots are freed as handlers end (version 28), by each
+// process for its own claims only, and 200 keyed ones under a key limit
+// of 1, freed as outcomes are written, in the same Work calls. No more
+// than 3 handlers of the first type, and no more than 1 of a key, ever
+// run at once, and every job runs once.
 func TestLimitHoldsAcrossProcessesWithSlotsFreedEarly(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -100,8 +100,9 @@ func TestHAMixed(t *testing.T) {
 	}
 	newQueue := func(pool *pgxpool.Pool, who string, more ...backlog.Option) *backlog.Queue {
 		// The stress test's quick sweep and retries, with the default
-		// lease (30 s), which outlasts a failover (about 10 s), so that
-		// running jobs keep their leases across the gap.
+		// lease (30 s), which outlasts most failovers (10-27 s on the
+		// 2-core machine), so that running jobs keep their leases across
+		// the gap.
 		opts := append(append(stressQuickOpts(), backlog.WithLogger(slog.New(logs.with(who))), backlog.WithWorkerID(who)), more...)
 		q, err := backlog.New(ctx, pool, opts...)
 		require.NoError(t, err)
@@ -269,15 +270,23 @@ func TestHAMixed(t *testing.T) {
 	// writes (their outcomes held by the completer and written after),
 	// and how many of those jobs ran again; jobs whose lease expired (a
 	// claim whose answer was lost, or an outcome not written in time).
+	// A lease is renewed every third of it, so one held across a gap
+	// expires during it only if the gap is longer than two thirds of the
+	// lease: only reruns across shorter gaps are errors (heldRerun).
+	const lease = 30 * time.Second
 	gaps := [][2]time.Time{{killAt, killAt.Add(killGap)}, {swAt, swAt.Add(swGap)}}
-	held, heldRerun, leaseExpired := 0, 0, 0
+	held, heldRerun, heldLong, leaseExpired := 0, 0, 0, 0
 	for _, j := range d.jobs {
 		for i, x := range j.Execs {
 			for _, g := range gaps {
 				if x.Ended != nil && x.Ended.After(g[0]) && x.Ended.Before(g[1]) {
 					held++
 					if i < len(j.Execs)-1 && !strings.HasPrefix(d.justifiedRerun(j, x), "planned ") {
-						heldRerun++
+						if g[1].Sub(g[0]) < lease*2/3 {
+							heldRerun++
+						} else {
+							heldLong++
+						}
 					}
 				}
 			}
@@ -295,8 +304,8 @@ func TestHAMixed(t *testing.T) {
 	t.Logf("enqueue calls: %d, %d jobs acknowledged, %d calls failed with an unknown outcome; unique-key samples %d (%d failed during the failovers)",
 		len(s.recs), acked, failed, s.uniqueSamples, s.sampleErrs)
 	t.Logf("re-runs: %d in all (%v); of them caused by the failovers: %v", st.rerunTotal, counts(st.reruns), counts(faultReruns))
-	t.Logf("outcomes in flight: %d executions ended while no primary took writes (their outcomes held, then written); %d of them ran again for a reason other than their plan",
-		held, heldRerun)
+	t.Logf("outcomes in flight: %d executions ended while no primary took writes (their outcomes held, then written); %d of them ran again for a reason other than their plan (%d across a gap longer than two thirds of the lease, which their leases may not outlast)",
+		held, heldRerun+heldLong, heldLong)
 	// What the settling waited for: the last jobs to finish.
 	var last []*stJob
 	for _, j := range d.jobs {
@@ -310,8 +319,8 @@ func TestHAMixed(t *testing.T) {
 			j.ID, j.Type, j.State, j.FinishedAt.Format(time.StampMilli), j.FinishedAt.Sub(settleStart).Round(time.Millisecond),
 			j.Attempt, j.OrderKey, len(j.Args.Deps), j.Errors)
 	}
-	if lease := 30 * time.Second; heldRerun > 0 && killGap < lease && swGap < lease {
-		t.Errorf("%d jobs whose outcome was held across a gap shorter than the lease (%s) ran again", heldRerun, lease)
+	if heldRerun > 0 {
+		t.Errorf("%d jobs whose outcome was held across a gap shorter than two thirds of the lease (%s) ran again", heldRerun, lease*2/3)
 	}
 	t.Logf("attempts ended by an expired lease (a claim whose answer was lost, or an outcome not written in time): %d; "+
 		"commits whose answer was lost and that the library checked with txid_status: %d", leaseExpired, lostAnswers)
@@ -328,9 +337,10 @@ func TestHAMixed(t *testing.T) {
 	})
 }
 
-// checkLimit: the executions of typ (the handlers' log, which runs inside
-// the slot a job holds from its claim to its outcome's write) never
-// overlapped more than limit at once. It returns the peak.
+// checkLimit: the executions of typ (the handlers' log, from inside each
+// handler's start to inside its end; a slot is held from the claim to the
+// handler's end, for its own process, and to the outcome's write for
+// others) never overlapped more than limit at once. It returns the peak.
 func (d *stressData) checkLimit(v *violations, typ string, limit int) int {
 	type edge struct {
 		at    time.Time

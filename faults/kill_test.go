@@ -32,6 +32,7 @@ const (
 	childSweepEnv  = "BACKLOG_FAULTS_CHILD_SWEEP"
 	childConcEnv   = "BACKLOG_FAULTS_CHILD_CONCURRENCY"
 	childHoldEnv   = "BACKLOG_FAULTS_CHILD_HOLD" // optional: each job runs this long (a duration)
+	childEndsEnv   = "BACKLOG_FAULTS_CHILD_ENDS" // optional, "1": each handler records its end (stopped_at)
 	childType      = "s1.work"
 )
 
@@ -79,6 +80,9 @@ func childMain() int {
 	}
 	defer q.Close()
 	insert := `INSERT INTO ` + pgx.Identifier{schema, "executions"}.Sanitize() + ` (job_id, attempt, worker) VALUES ($1, $2, $3)`
+	stopped := `UPDATE ` + pgx.Identifier{schema, "executions"}.Sanitize() + ` SET stopped_at = clock_timestamp()
+		WHERE job_id = $1 AND attempt = $2 AND worker = $3`
+	ends := os.Getenv(childEndsEnv) == "1"
 	mux := backlog.NewMux()
 	var hold time.Duration
 	if h := os.Getenv(childHoldEnv); h != "" {
@@ -95,6 +99,11 @@ func childMain() int {
 			case <-time.After(hold):
 			case <-ctx.Done():
 				return ctx.Err()
+			}
+		}
+		if ends { // the last thing the handler does
+			if _, err := pool.Exec(context.WithoutCancel(ctx), stopped, job.ID, job.Attempt, worker); err != nil {
+				return err
 			}
 		}
 		return nil
