@@ -24,8 +24,9 @@
 -- adds what it took.
 --
 -- Key limits count as before: a key's slot is freed by the outcome's
--- write (passing the tokens to each key's count cost the keyed
--- burn-downs more than it gained them).
+-- write (a first version that passed the tokens to each key's count too
+-- moved neither keyed burn-down beyond its noise, while every keyed job
+-- paid for the bookkeeping).
 --
 -- Rolling upgrade: claim_jobs and claim_type get overloads with p_ended
 -- (and claim_jobs two more columns); the old ones stay as they were, for
