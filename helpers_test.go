@@ -155,6 +155,38 @@ func (e *env) waitCount(where string, want int, within time.Duration) {
 	}
 }
 
+// logUnfinished logs the jobs not yet terminal, with their prerequisites,
+// for a liveness test that failed.
+func (e *env) logUnfinished() {
+	ctx := context.Background()
+	rows, err := e.pool.Query(ctx, `SELECT j.id, j.type, j.state, coalesce(j.ordering_key, ''), j.run_at, j.attempt,
+	        coalesce((SELECT string_agg(format('%s %s %s', ed.kind, ed.prereq, coalesce(p.state::text, 'gone')), ', ')
+	                    FROM "`+e.schema+`".job_edges ed LEFT JOIN "`+e.schema+`".all_jobs p ON p.id = ed.prereq
+	                   WHERE ed.job = j.id), '')
+	   FROM "`+e.schema+`".all_jobs j
+	  WHERE j.state NOT IN ('completed', 'failed', 'cancelled')
+	  ORDER BY j.ordering_key, j.id LIMIT 200`)
+	if err != nil {
+		e.t.Logf("unfinished jobs: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id uuid.UUID
+		var typ, state, key, edges string
+		var runAt time.Time
+		var attempt int
+		if err := rows.Scan(&id, &typ, &state, &key, &runAt, &attempt, &edges); err != nil {
+			e.t.Logf("unfinished jobs: %v", err)
+			return
+		}
+		e.t.Logf("unfinished: %s %s %s key %q run_at %s attempt %d edges [%s]", id, typ, state, key, runAt.Format(time.StampMilli), attempt, edges)
+	}
+	if err := rows.Err(); err != nil {
+		e.t.Logf("unfinished jobs: %v", err)
+	}
+}
+
 // stmtTracer records the SQL of every statement a pool runs.
 type stmtTracer struct {
 	mu   sync.Mutex

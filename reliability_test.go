@@ -245,6 +245,14 @@ func TestGraphLockOrderUnderRaces(t *testing.T) {
 	// A liveness bound, not a speed one: 23 s alone, 1,091 of 1,200 after
 	// 60 s inside a full make test on 2 cores (a deadlock or a lost wake-up
 	// still never finishes).
+	t.Cleanup(func() {
+		if t.Failed() {
+			e.logUnfinished()
+			for _, m := range rec.matching("") {
+				t.Logf("logged: %s", m)
+			}
+		}
+	})
 	e.waitCount("state IN ('completed', 'failed', 'cancelled')", e.count("true"), 3*time.Minute)
 	require.Empty(t, rec.matching("deadlock"), "deadlocks were logged")
 	require.Empty(t, rec.matching("recording job outcomes failed"))

@@ -59,8 +59,9 @@ const (
 // two live jobs of one unique key, dependents start only after their
 // prerequisites completed, one periodic job per plan time; and the
 // limited type never ran more than its limit at once.
-func TestHAMixed(t *testing.T) {
-	requireHA(t)
+func TestHAMixed(tt *testing.T) {
+	requireHA(tt)
+	t := recordFailures(tt) // first: its cleanup runs last
 	ctx := context.Background()
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv(haSeedEnv); v != "" {

@@ -48,8 +48,9 @@ func requireHA(t *testing.T) {
 // the first write and the first claim on the new primary, pickup latency
 // back under 10 ms, completions back at 90 % of the rate before; pickup
 // by phase; the library's warnings and errors).
-func TestHAFailover(t *testing.T) {
-	requireHA(t)
+func TestHAFailover(tt *testing.T) {
+	requireHA(tt)
+	t := recordFailures(tt) // first: its cleanup runs last
 	ctx := context.Background()
 	began := time.Now()
 	cl := hacluster.Start(t, os.Getenv(ciEnv) == "1")
@@ -357,7 +358,7 @@ type recoveryFigures struct {
 // (backends of a killed postmaster can still commit, and replicate, for a
 // moment; a switchover stops writes only once the primary is demoted),
 // from from, and the pause. -1 when no claim was seen.
-func firstClaimAfterPause(t *testing.T, db *pgxpool.Pool, history string, from time.Time, window int) (claim, pause time.Duration) {
+func firstClaimAfterPause(t testing.TB, db *pgxpool.Pool, history string, from time.Time, window int) (claim, pause time.Duration) {
 	t.Helper()
 	ctx := context.Background()
 	claim = -1
@@ -422,7 +423,7 @@ func pickupRecovery(pr *producer, ex *execLog, from time.Time, window int, under
 // measureRecovery reads job_history (history, quoted), the producer's
 // acknowledgements and the execution log for the recovery after a
 // failover that began at from, over window seconds.
-func measureRecovery(t *testing.T, db *pgxpool.Pool, history string, pr *producer, ex *execLog, from time.Time, window int) recoveryFigures {
+func measureRecovery(t testing.TB, db *pgxpool.Pool, history string, pr *producer, ex *execLog, from time.Time, window int) recoveryFigures {
 	t.Helper()
 	ctx := context.Background()
 	rc := recoveryFigures{claim: -1, pickup: -1, pickupBack: -1, dip: -1, thru: -1}
@@ -496,7 +497,7 @@ func f1(p *float64) string {
 
 // waitFor polls cond every 50 ms until it is true (true) or within passed
 // (false, with an error logged).
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) bool {
+func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) bool {
 	t.Helper()
 	deadline := time.NewTimer(within)
 	defer deadline.Stop()
@@ -779,7 +780,7 @@ func countsReport(m map[string]*errCount, since time.Time) string {
 // logCollector is a slog.Handler that counts the queues' warnings and
 // errors by message and attributes (and passes them to t.Log when -v).
 type logCollector struct {
-	t     *testing.T
+	t     testing.TB
 	mu    sync.Mutex
 	msgs  map[string]*errCount
 	began time.Time // the time messages are reported relative to

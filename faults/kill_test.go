@@ -131,7 +131,7 @@ type child struct {
 
 // startChild starts a worker process; extraEnv (NAME=value) is added to
 // its environment.
-func startChild(t *testing.T, schema, worker string, lease, sweep time.Duration, conc int, extraEnv ...string) *child {
+func startChild(t testing.TB, schema, worker string, lease, sweep time.Duration, conc int, extraEnv ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=1", childSchemaEnv+"="+schema, childWorkerEnv+"="+worker,
@@ -184,7 +184,7 @@ func (c *child) stop(within time.Duration) error {
 
 // prefixWriter passes a child's stderr lines to t.Log.
 type prefixWriter struct {
-	t      *testing.T
+	t      testing.TB
 	prefix string
 }
 

@@ -74,7 +74,7 @@ var (
 	summary   []summaryRow
 )
 
-func report(t *testing.T, r summaryRow) {
+func report(t testing.TB, r summaryRow) {
 	t.Helper()
 	t.Logf("summary: %s | jobs %d | faults: %s | lost %d | duplicates: %s | pickup: %s",
 		r.Scenario, r.Jobs, r.Faults, r.Lost, r.Duplicates, r.Pickup)
@@ -123,7 +123,7 @@ func (w tWriter) Write(p []byte) (int, error) {
 // executions table the handlers write to, and a control pool (the shared
 // test pool, direct to PostgreSQL, never a target of injected faults).
 type fenv struct {
-	t      *testing.T
+	t      testing.TB
 	schema string
 	ctl    *pgxpool.Pool
 	q      *backlog.Queue // on ctl: enqueues and lookups from the test
@@ -208,7 +208,7 @@ func work(t testing.TB, q *backlog.Queue, h backlog.Handler, opts ...backlog.Wor
 }
 
 // eventually polls cond every tick until it returns true or within passes.
-func eventually(t *testing.T, within, tick time.Duration, what string, cond func() bool) {
+func eventually(t testing.TB, within, tick time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.NewTimer(within)
 	defer deadline.Stop()
@@ -421,4 +421,58 @@ func (l *ledger) firstStartAfter(t time.Time, worker string) (time.Time, bool) {
 		}
 	}
 	return best, found
+}
+
+// failRecorder repeats what failed a test as its last lines: after a
+// failure the cleanups still log (the cluster's logs, closing queues),
+// and a CI summary shows only a failed test's last lines.
+type failRecorder struct {
+	*testing.T
+	mu   sync.Mutex
+	msgs []string
+}
+
+// recordFailures wraps t; its Errorf, Error, Fatalf and Fatal are t's,
+// and what they said is logged again when every cleanup registered
+// after this call has run.
+func recordFailures(t *testing.T) *failRecorder {
+	f := &failRecorder{T: t}
+	t.Cleanup(func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if len(f.msgs) > 0 {
+			t.Logf("FAILED, as said above:\n\t%s", strings.Join(f.msgs, "\n\t"))
+		}
+	})
+	return f
+}
+
+func (f *failRecorder) note(msg string) {
+	f.mu.Lock()
+	f.msgs = append(f.msgs, msg)
+	f.mu.Unlock()
+}
+
+func (f *failRecorder) Errorf(format string, args ...any) {
+	f.Helper()
+	f.note(fmt.Sprintf(format, args...))
+	f.T.Errorf(format, args...)
+}
+
+func (f *failRecorder) Error(args ...any) {
+	f.Helper()
+	f.note(fmt.Sprint(args...))
+	f.T.Error(args...)
+}
+
+func (f *failRecorder) Fatalf(format string, args ...any) {
+	f.Helper()
+	f.note(fmt.Sprintf(format, args...))
+	f.T.Fatalf(format, args...)
+}
+
+func (f *failRecorder) Fatal(args ...any) {
+	f.Helper()
+	f.note(fmt.Sprint(args...))
+	f.T.Fatal(args...)
 }

@@ -144,7 +144,7 @@ func (v *violations) add(kind, format string, args ...any) {
 	v.by[kind] = append(v.by[kind], fmt.Sprintf(format, args...))
 }
 
-func (v *violations) report(t *testing.T) {
+func (v *violations) report(t testing.TB) {
 	kinds := make([]string, 0, len(v.by))
 	for k := range v.by {
 		kinds = append(kinds, k)

@@ -34,7 +34,7 @@ const (
 // stress is one run of TestStress: the queues under test and what the
 // workload and the faults did.
 type stress struct {
-	t      *testing.T
+	t      testing.TB
 	e      *fenv
 	seed   uint64
 	dur    time.Duration
