@@ -188,10 +188,12 @@ func (le *heldLease) Forget() { le.owner.remove(le) }
 func (l *leases) remove(le *heldLease) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if set := l.ended[le.typ]; set != nil {
-		delete(set, le)
-		if len(set) == 0 {
-			delete(l.ended, le.typ)
+	if le.conc { // only such leases are ever in ended (end)
+		if set := l.ended[le.typ]; set != nil {
+			delete(set, le)
+			if len(set) == 0 {
+				delete(l.ended, le.typ)
+			}
 		}
 	}
 	if l.held[le.id] == le {
