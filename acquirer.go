@@ -26,8 +26,9 @@ type acquirerStore interface {
 	// claim takes up to k due jobs for the domain under fresh leases, now
 	// of them for workers waiting now (the rest fill the prefetch
 	// buffer). saturated: the domain's last claim found a concurrency
-	// limit binding (see claim.Claimer.Claim).
-	claim(ctx context.Context, d *domainSpec, k, now int, saturated bool) (claimResult, error)
+	// limit binding; standby: how many standby jobs it may take beyond
+	// the k (see claim.Claimer.Claim).
+	claim(ctx context.Context, d *domainSpec, k, now int, saturated bool, standby int) (claimResult, error)
 	// release gives back jobs that were claimed but that no worker took.
 	release(jobs []*claimed)
 	// holdBack stops the jobs of types that were handed to workers but
@@ -125,6 +126,8 @@ type acquirer struct {
 	// needs the wake, not once a job in every burn-down of a limited type.
 	saturated atomic.Int32
 	slotEnds  atomic.Uint64
+	// handOvers counts the slots handed to standby jobs (standby.go).
+	handOvers atomic.Uint64
 }
 
 // flowState is what the acquirer knows of the flow epoch (see flowWatch).
@@ -154,6 +157,13 @@ type domain struct {
 	// whose handlers ended, and each such end wakes the domain
 	// (a.saturated counts such domains).
 	saturated bool
+	// standby are jobs claimed beyond a binding concurrency limit
+	// (store.Claimed.Standby), oldest first, each put at standbyAt's
+	// time: a worker whose handler of the type ended here runs one in
+	// its slot (takeStandby). sb sizes them.
+	standby   []*claimed
+	standbyAt []time.Time
+	sb        standbySizer
 	parked    bool      // the last claim came back short: wait for a wake
 	poll      *acqTimer // backup poll, armed while parked
 	retry     *acqTimer // after a failed claim, or one that skipped locked jobs
@@ -184,8 +194,8 @@ type claimSource struct {
 	leases *leases
 }
 
-func (c claimSource) claim(ctx context.Context, d *domainSpec, k, now int, saturated bool) (claimResult, error) {
-	return c.cl.Claim(ctx, d.types, d.tagsJ, k, now, saturated)
+func (c claimSource) claim(ctx context.Context, d *domainSpec, k, now int, saturated bool, standby int) (claimResult, error) {
+	return c.cl.Claim(ctx, d.types, d.tagsJ, k, now, saturated, standby)
 }
 
 func (c claimSource) release(jobs []*claimed) { c.cl.Release(jobs) }
@@ -319,7 +329,7 @@ func (a *acquirer) leave(spec *domainSpec, workers int) []*claimed {
 	if d.users > 0 { // another Work call joined meanwhile: it keeps the buffer
 		return nil
 	}
-	jobs := d.pre.Drain()
+	jobs := append(d.pre.Drain(), d.dropStandbyLocked(nil)...)
 	a.gcLocked(d)
 	return jobs
 }
@@ -347,7 +357,7 @@ func (d *domain) removeLocked(w *waitingWorker) bool {
 // maybeClaimLocked starts the domain's claim goroutine when it has waiters
 // and nothing holds it back.
 func (a *acquirer) maybeClaimLocked(d *domain) {
-	if a.closed || d.querying || d.parked || d.retry != nil || len(d.waiters) == 0 && !d.pre.Low() {
+	if a.closed || d.querying || d.parked || d.retry != nil || len(d.waiters) == 0 && !d.pre.Low() && !d.standbyLowLocked() {
 		return
 	}
 	d.querying = true
@@ -361,7 +371,8 @@ func (a *acquirer) claimLoop(d *domain) {
 		// Waiters an extra claim in flight asked for are not counted.
 		wanted := max(d.wantedLocked()-d.extraK, 0)
 		k := wanted + d.pre.Deficit()
-		if k == 0 || a.closed {
+		sb := d.standbyDeficitLocked()
+		if k == 0 && sb == 0 || a.closed {
 			if !d.extra {
 				d.answerGoneLocked()
 			}
@@ -373,23 +384,26 @@ func (a *acquirer) claimLoop(d *domain) {
 		d.pending, d.posted = false, 0
 		started := time.Now()
 		d.pre.StartClaim(started, len(d.waiters))
+		d.sb.sample(started)
 		drops := d.drops
 		saturated := d.saturated
 		ends := a.slotEnds.Load()
 		a.mu.Unlock()
 
-		res, err := a.claim(d, k, wanted, saturated)
-		jobs := res.Jobs
+		res, err := a.claim(d, k, wanted, saturated, sb)
+		jobs, standby := splitStandby(res.Jobs)
 
 		a.mu.Lock()
 		now := time.Now()
 		d.pre.Claimed(now.Sub(started))
+		d.sb.claimed(now.Sub(started))
 		var surplus []*claimed // if the acquirer closed, or a drop came, during the claim
 		if d.drops != drops {
 			// A pause or a tightened limit came while the statement ran,
 			// perhaps under the old rules: give everything back and ask
 			// again under the new ones.
-			surplus, jobs = jobs, nil
+			surplus, jobs = append(jobs, standby...), nil
+			standby = nil
 			d.pending = true
 		}
 		n := a.handOutLocked(d, jobs, now)
@@ -408,8 +422,15 @@ func (a *acquirer) claimLoop(d *domain) {
 		}
 		if a.closed {
 			surplus = append(surplus, jobs[n:]...)
+			surplus = append(surplus, standby...)
 		} else {
 			a.bufferLocked(d, jobs[n:])
+			a.putStandbyLocked(d, standby, now)
+			if err == nil && !d.saturated {
+				// The limit no longer binds: standby jobs would wait for
+				// slots that claims now take. They go back.
+				surplus = append(surplus, d.dropStandbyLocked(nil)...)
+			}
 		}
 
 		switch {
@@ -430,7 +451,7 @@ func (a *acquirer) claimLoop(d *domain) {
 			a.mu.Unlock()
 			a.store.release(surplus)
 			return
-		case len(jobs) == k || d.pending:
+		case k > 0 && len(jobs) == k || d.pending:
 			// A full batch (there may be more), or woken meanwhile: go again.
 			d.errs.Reset()
 			d.skips.Reset()
@@ -495,21 +516,46 @@ func (a *acquirer) claimLoop(d *domain) {
 	}
 }
 
-// claim runs one claim for d of up to k jobs, now of them wanted at once;
-// saturated: d's last claim found a concurrency limit binding.
-func (a *acquirer) claim(d *domain, k, now int, saturated bool) (claimResult, error) {
-	res, err := a.store.claim(a.ctx, d.spec, k, now, saturated)
+// claim runs one claim for d of up to k jobs, now of them wanted at once,
+// and up to standby standby jobs; saturated: d's last claim found a
+// concurrency limit binding.
+func (a *acquirer) claim(d *domain, k, now int, saturated bool, standby int) (claimResult, error) {
+	res, err := a.store.claim(a.ctx, d.spec, k, now, saturated, standby)
 	if err == nil {
 		a.faults.OK("claims")
 	}
-	if err == nil && len(res.Jobs) > k {
+	if err == nil && len(res.Jobs) > k+standby {
 		// Broken invariant: keep what was asked for, give the rest back.
 		a.log.Error("backlog: claim returned more jobs than asked; releasing the extra",
-			"asked", k, "got", len(res.Jobs), "types", d.spec.types)
-		a.store.release(res.Jobs[k:])
-		res.Jobs = res.Jobs[:k]
+			"asked", k+standby, "got", len(res.Jobs), "types", d.spec.types)
+		a.store.release(res.Jobs[k+standby:])
+		res.Jobs = res.Jobs[:k+standby]
 	}
 	return res, err
+}
+
+// splitStandby separates the standby jobs of a claim (the last it took
+// of each type) from the others, keeping each part's order.
+func splitStandby(all []*claimed) (jobs, standby []*claimed) {
+	n := 0
+	for _, j := range all {
+		if j.Standby {
+			n++
+		}
+	}
+	if n == 0 {
+		return all, nil
+	}
+	jobs = make([]*claimed, 0, len(all)-n)
+	standby = make([]*claimed, 0, n)
+	for _, j := range all {
+		if j.Standby {
+			standby = append(standby, j)
+		} else {
+			jobs = append(jobs, j)
+		}
+	}
+	return jobs, standby
 }
 
 // handOutLocked hands jobs to the domain's first waiters, FIFO, and
@@ -600,7 +646,7 @@ func (a *acquirer) maybeExtraLocked(d *domain) {
 // or failed. When the loop has ended meanwhile, the extra claim does what
 // the loop would have. drops is the domain's drop count when it started.
 func (a *acquirer) extraClaim(d *domain, k, drops int) {
-	res, err := a.claim(d, k, k, false)
+	res, err := a.claim(d, k, k, false, 0)
 	jobs := res.Jobs
 	a.mu.Lock()
 	d.extra, d.extraK = false, 0
@@ -708,7 +754,7 @@ func (a *acquirer) gcLocked(d *domain) {
 	}
 	a.stopTimer(&d.poll)
 	a.stopTimer(&d.retry)
-	if d.users <= 0 && d.pre.Len() == 0 && a.domains[d.spec.key] == d {
+	if d.users <= 0 && d.pre.Len() == 0 && len(d.standby) == 0 && a.domains[d.spec.key] == d {
 		a.setSaturatedLocked(d, false)
 		delete(a.domains, d.spec.key)
 	}
@@ -806,6 +852,7 @@ func (a *acquirer) drop(types []string) {
 		}
 		d.drops++
 		back = append(back, d.pre.Remove(func(j *claimed) bool { return slices.Contains(types, j.Type) })...)
+		back = append(back, d.dropStandbyLocked(types)...)
 	}
 	a.mu.Unlock()
 	a.store.holdBack(types)
@@ -865,7 +912,8 @@ func (a *acquirer) watchFlowLocked(t *acqTimer) {
 // measured only when a claim starts: workers that all went into long
 // handlers after quick ones would keep their buffer's jobs, leased, for as
 // long as the handlers run, while another process's idle workers could
-// run them.
+// run them. So are standby jobs none of which was taken for a flowWatch
+// (idleStandbyLocked).
 func (a *acquirer) releaseIdleLocked() {
 	now := time.Now()
 	var back []*claimed
@@ -874,16 +922,18 @@ func (a *acquirer) releaseIdleLocked() {
 			back = append(back, d.pre.Drain()...)
 			d.pre.Forget()
 		}
+		back = append(back, d.idleStandbyLocked(now)...)
 	}
 	if len(back) > 0 {
 		a.group.Go(func(context.Context) { a.store.release(back) })
 	}
 }
 
-// bufferedLocked reports whether any domain holds prefetched jobs.
+// bufferedLocked reports whether any domain holds prefetched or standby
+// jobs.
 func (a *acquirer) bufferedLocked() bool {
 	for _, d := range a.domains {
-		if d.pre.Len() > 0 {
+		if d.pre.Len() > 0 || len(d.standby) > 0 {
 			return true
 		}
 	}
@@ -944,6 +994,7 @@ func (a *acquirer) close() {
 			a.stopTimer(&d.poll)
 			a.stopTimer(&d.retry)
 			buffered = append(buffered, d.pre.Drain()...)
+			buffered = append(buffered, d.dropStandbyLocked(nil)...)
 		}
 		a.stopTimer(&a.flow.watch)
 	}

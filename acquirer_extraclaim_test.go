@@ -22,6 +22,7 @@ import (
 type scriptCall struct {
 	k, now    int
 	saturated bool // the claim was told the limit binds
+	standby   int  // standby jobs it may take
 	reply     chan claimResult
 }
 
@@ -32,8 +33,8 @@ type scriptStore struct {
 	fail     error // the next claim replied to fails with it
 }
 
-func (s *scriptStore) claim(ctx context.Context, d *domainSpec, k, now int, saturated bool) (claimResult, error) {
-	c := scriptCall{k: k, now: now, saturated: saturated, reply: make(chan claimResult, 1)}
+func (s *scriptStore) claim(ctx context.Context, d *domainSpec, k, now int, saturated bool, standby int) (claimResult, error) {
+	c := scriptCall{k: k, now: now, saturated: saturated, standby: standby, reply: make(chan claimResult, 1)}
 	s.calls <- c
 	select {
 	case r := <-c.reply:
@@ -54,6 +55,13 @@ func (s *scriptStore) release(jobs []*claimed) {
 	s.mu.Lock()
 	s.released = append(s.released, jobs...)
 	s.mu.Unlock()
+}
+
+// releasedJobs returns the jobs given back so far.
+func (s *scriptStore) releasedJobs() []*claimed {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*claimed(nil), s.released...)
 }
 
 func (s *scriptStore) holdBack([]string) {}

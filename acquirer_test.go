@@ -62,7 +62,7 @@ func (f *fakeStore) add(typ string, tags map[string]string, in time.Duration) *c
 	return j
 }
 
-func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k, _ int, _ bool) (claimResult, error) {
+func (f *fakeStore) claim(ctx context.Context, d *domainSpec, k, _ int, _ bool, _ int) (claimResult, error) {
 	f.mu.Lock()
 	if f.inFlight[d.key] >= 2 {
 		f.overlap = append(f.overlap, d.key)

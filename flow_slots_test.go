@@ -159,3 +159,62 @@ func TestMigration28RollingUpgrade(t *testing.T) {
 	require.Equal(t, 1, n, "version 28, passing the job's token as ended, does not")
 	require.Empty(t, old(), "two running: version 27's count takes in both")
 }
+
+// TestMigration29RollingUpgrade: processes of version 28 keep claiming
+// against a schema at 0029: they call claim_jobs with seven parameters,
+// whose overload 0029 left as it was (its 20 columns), and they count a
+// process's standby jobs as running (fewer slots for them, never more),
+// while a claim of version 29 may take standby jobs beyond the limit.
+func TestMigration29RollingUpgrade(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	st, err := e.q.MigrationStatus(ctx)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, st.Version, int64(29))
+	require.NoError(t, e.q.SetLimit(ctx, "v28", backlog.Limit{Concurrency: 1}))
+	specs := make([]backlog.JobSpec, 6)
+	for i := range specs {
+		specs[i] = backlog.JobSpec{Type: "v28"}
+	}
+	_, err = e.q.EnqueueMany(ctx, specs)
+	require.NoError(t, err)
+	fn := pgx.Identifier{e.schema, "claim_jobs"}.Sanitize()
+
+	// Version 29: the last slot, and two standby jobs beyond it.
+	rows, err := e.pool.Query(ctx, `SELECT lease_token, standby FROM `+fn+`($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text, $7::uuid[], $8::integer)
+		WHERE id IS NOT NULL`, []string{"v28"}, `{}`, 1, 1, 60000, "new", nil, 2)
+	require.NoError(t, err)
+	type took struct {
+		Token   [16]byte
+		Standby bool
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[took])
+	require.NoError(t, err)
+	require.Len(t, got, 3)
+	require.False(t, got[0].Standby, "the slot's job first")
+	require.True(t, got[1].Standby && got[2].Standby)
+
+	// Version 28, as it was: its handler of the slot ended, it counts the
+	// standby rows.
+	var cols, n int
+	rows, err = e.pool.Query(ctx, `SELECT * FROM `+fn+`($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text, $7::uuid[])`,
+		[]string{"v28"}, `{}`, 3, 3, 60000, "old", [][16]byte{got[0].Token})
+	require.NoError(t, err)
+	for rows.Next() {
+		cols = len(rows.RawValues())
+		if rows.RawValues()[0] != nil {
+			n++
+		}
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, 20, cols, "version 28's columns")
+	require.Zero(t, n, "version 28 counts the standby rows as running")
+
+	// Version 29 passing the ended job's and the standby jobs' tokens: the
+	// slot is free.
+	require.NoError(t, e.pool.QueryRow(ctx, `SELECT count(*) FROM `+fn+`($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text, $7::uuid[], $8::integer)
+		WHERE id IS NOT NULL AND NOT standby`, []string{"v28"}, `{}`, 1, 1, 60000, "new",
+		[][16]byte{got[0].Token, got[1].Token, got[2].Token}, 0).Scan(&n))
+	require.Equal(t, 1, n)
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -37,6 +38,9 @@ type heldLease struct {
 	id, token uuid.UUID
 	typ       string // the job's type (holdBack)
 	conc      bool   // the job holds a slot of a concurrency limit (store.Claimed.Conc)
+	// standby: the job was claimed as standby (store.Claimed.Standby) and
+	// has not been handed a slot yet (end): it is in ended meanwhile.
+	standby bool
 	// deadline is the local (monotonic) time until which the lease is
 	// certainly ours: the send time of the last successful claim or
 	// renewal, plus the lease, minus the margin. The database's now() at
@@ -88,9 +92,18 @@ type leases struct {
 	held map[uuid.UUID]*heldLease
 	// ended are the leases, by type, of jobs that hold a slot of a
 	// concurrency limit and whose handlers have ended, until their
-	// outcomes are written (remove): the claims of a domain whose limit
-	// binds pass their tokens (Ended), and such jobs then hold no slot.
+	// outcomes are written (remove), and of standby jobs until they are
+	// handed a slot (end) or given back: the claims of a domain whose
+	// limit binds pass their tokens (Ended), and such jobs then hold no
+	// slot. (A job whose slot went to a standby job is among them too,
+	// but its outcome waits for the claims in flight: see end.)
 	ended map[string]map[*heldLease]struct{}
+	// readers are the claims in flight that read ended (Ended), by the
+	// number each got (readSeq counts them); waiting are the outcomes
+	// whose write waits for some of them to end (end, afterReaders).
+	readers map[uint64]struct{}
+	readSeq uint64
+	waiting []heldWrite
 	// progKick tells the loop that a job reported progress no renewal has
 	// been asked to write yet (progPending).
 	progKick    chan struct{}
@@ -100,7 +113,7 @@ type leases struct {
 // newLeases returns the registry of leases of duration d; its heartbeat
 // keeps procs's row fresh.
 func newLeases(st *store.Store, log *slog.Logger, faults *outage.Tracker, d time.Duration, procs *registry.Registry) *leases {
-	return &leases{procs: procs, store: st, log: log, faults: faults, duration: d, margin: d / 5, held: map[uuid.UUID]*heldLease{}, ended: map[string]map[*heldLease]struct{}{}, progKick: make(chan struct{}, 1)}
+	return &leases{procs: procs, store: st, log: log, faults: faults, duration: d, margin: d / 5, held: map[uuid.UUID]*heldLease{}, ended: map[string]map[*heldLease]struct{}{}, readers: map[uint64]struct{}{}, progKick: make(chan struct{}, 1)}
 }
 
 func (l *leases) start() { l.group.Start(l.loop) }
@@ -118,9 +131,12 @@ func (l *leases) Add(jobs []*store.Claimed, sentAt time.Time) []*heldLease {
 		if old := l.held[j.ID]; old != nil && old.token != j.Token {
 			l.loseLocked(old)
 		}
-		le := &heldLease{owner: l, id: j.ID, token: j.Token, typ: j.Type, conc: j.Conc, deadline: sentAt.Add(l.duration - l.margin)}
+		le := &heldLease{owner: l, id: j.ID, token: j.Token, typ: j.Type, conc: j.Conc, standby: j.Standby, deadline: sentAt.Add(l.duration - l.margin)}
 		out[i] = le
 		l.held[j.ID] = le
+		if le.standby {
+			l.addEndedLocked(le)
+		}
 	}
 	return out
 }
@@ -141,19 +157,34 @@ func (l *leases) begin(le *heldLease, cancel context.CancelCauseFunc) error {
 // completer: from then on a renewal that misses the row most likely means
 // the outcome was just written, which is no reason to warn. It reports
 // what the lease knows when its attempt ends.
-func (l *leases) end(le *heldLease) (e attemptEnd) {
+//
+// next, when set, is a standby job of the same type to run in the ended
+// job's slot (a hand-over). It is handed the slot unless the ended job's
+// lease is lost (its row may no longer stand for the slot): then
+// e.handed is false and next stays standby. Handed over, next is counted
+// by the process's claims from then on and the ended job is not, as for
+// any ended job; but for the claims in flight, which read next's token as
+// standby and the ended job's as running, the ended job's row stands for
+// the slot: e.holdUntil, when not 0, says its outcome's write must wait
+// until they have ended (afterReaders).
+func (l *leases) end(le *heldLease, next *heldLease) (e attemptEnd) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if le.conc && !le.done {
-		set := l.ended[le.typ]
-		if set == nil {
-			set = map[*heldLease]struct{}{}
-			l.ended[le.typ] = set
+	switch {
+	case next != nil && le.conc && !le.done && !le.lost && next.standby && !next.lost:
+		next.standby = false
+		l.dropEndedLocked(next)
+		l.addEndedLocked(le)
+		e.handed = true
+		if len(l.readers) > 0 {
+			e.holdUntil = l.readSeq
 		}
-		set[le] = struct{}{}
+	case le.conc && !le.done:
+		l.addEndedLocked(le)
 	}
+	e.nextLost = next != nil && next.lost
 	le.done = true
-	e = attemptEnd{fail: le.failWith, lost: le.lost}
+	e.fail, e.lost = le.failWith, le.lost
 	if le.progSeq != le.progSent {
 		e.progress = le.progress
 	}
@@ -162,9 +193,80 @@ func (l *leases) end(le *heldLease) (e attemptEnd) {
 
 // attemptEnd is what the lease knows when its attempt ends (leases.end).
 type attemptEnd struct {
-	fail     error           // why the attempt must fail, from a renewal; nil otherwise
-	lost     bool            // the lease is presumed lost
-	progress json.RawMessage // progress no renewal has written yet; nil otherwise
+	fail      error           // why the attempt must fail, from a renewal; nil otherwise
+	lost      bool            // the lease is presumed lost
+	progress  json.RawMessage // progress no renewal has written yet; nil otherwise
+	handed    bool            // the slot went to the standby job passed to end
+	nextLost  bool            // that standby job's lease is lost
+	holdUntil uint64          // the outcome's write waits for the claims that read ended up to this one (0: none)
+}
+
+// addEndedLocked puts le in ended.
+func (l *leases) addEndedLocked(le *heldLease) {
+	set := l.ended[le.typ]
+	if set == nil {
+		set = map[*heldLease]struct{}{}
+		l.ended[le.typ] = set
+	}
+	set[le] = struct{}{}
+}
+
+// dropEndedLocked takes le out of ended.
+func (l *leases) dropEndedLocked(le *heldLease) {
+	if set := l.ended[le.typ]; set != nil {
+		delete(set, le)
+		if len(set) == 0 {
+			delete(l.ended, le.typ)
+		}
+	}
+}
+
+// heldWrite is an outcome whose write waits for the claims that read
+// ended up to after (see leases.end).
+type heldWrite struct {
+	after uint64
+	send  func()
+}
+
+// afterReaders runs send once every claim that read ended up to the
+// holdUntil of leases.end has ended: at once if they all have.
+func (l *leases) afterReaders(until uint64, send func()) {
+	l.mu.Lock()
+	for r := range l.readers {
+		if r <= until {
+			l.waiting = append(l.waiting, heldWrite{after: until, send: send})
+			l.mu.Unlock()
+			return
+		}
+	}
+	l.mu.Unlock()
+	send()
+}
+
+// doneReading ends the claim that read ended as number r, and sends the
+// held outcomes no claim in flight still waits for.
+func (l *leases) doneReading(r uint64) {
+	l.mu.Lock()
+	delete(l.readers, r)
+	oldest := uint64(math.MaxUint64)
+	for x := range l.readers {
+		oldest = min(oldest, x)
+	}
+	var send []func()
+	keep := l.waiting[:0]
+	for _, h := range l.waiting {
+		if h.after < oldest {
+			send = append(send, h.send)
+		} else {
+			keep = append(keep, h)
+		}
+	}
+	clear(l.waiting[len(keep):])
+	l.waiting = keep
+	l.mu.Unlock()
+	for _, f := range send {
+		f()
+	}
 }
 
 // stale reports whether the lease's local deadline has passed: a write of
@@ -188,13 +290,8 @@ func (le *heldLease) Forget() { le.owner.remove(le) }
 func (l *leases) remove(le *heldLease) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if le.conc { // only such leases are ever in ended (end)
-		if set := l.ended[le.typ]; set != nil {
-			delete(set, le)
-			if len(set) == 0 {
-				delete(l.ended, le.typ)
-			}
-		}
+	if le.conc { // only such leases are ever in ended (end, Add)
+		l.dropEndedLocked(le)
 	}
 	if l.held[le.id] == le {
 		delete(l.held, le.id)
@@ -209,22 +306,28 @@ const maxEndedTokens = 256
 
 // Ended returns the lease tokens of jobs of the given types that
 // hold a slot of a concurrency limit and whose handlers have ended, whose
-// outcomes are not written yet (at most maxEndedTokens; nil: none). A
-// claim that passes them does not count those jobs against the
-// concurrency limit (key limits still do).
-func (l *leases) Ended(types []string) [][16]byte {
+// outcomes are not written yet, and of standby jobs not handed a slot (at
+// most maxEndedTokens; nil: none). A claim that passes them does not
+// count those jobs against the concurrency limit (key limits still do).
+// The claim calls done once its statement has ended: until then, an
+// outcome whose slot went to one of those standby jobs is not written
+// (leases.end).
+func (l *leases) Ended(types []string) (tokens [][16]byte, done func()) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out [][16]byte
+	l.readSeq++
+	r := l.readSeq
+	l.readers[r] = struct{}{}
+	done = func() { l.doneReading(r) }
 	for _, t := range types {
 		for le := range l.ended[t] {
-			if len(out) == maxEndedTokens {
-				return out
+			if len(tokens) == maxEndedTokens {
+				return tokens, done
 			}
-			out = append(out, le.token)
+			tokens = append(tokens, le.token)
 		}
 	}
-	return out
+	return tokens, done
 }
 
 // setProgress records a job's latest progress for the next renewal. It

@@ -393,3 +393,11 @@ func TestMigration28DownRestoresVersion27(t *testing.T) {
 	t.Parallel()
 	migrationDownRestores(t, 28)
 }
+
+// TestMigration29DownRestoresVersion28: the same for 0029 (standby jobs):
+// the overloads of claim_jobs and claim_type it added are gone, and the
+// ones of version 28 are as they were.
+func TestMigration29DownRestoresVersion28(t *testing.T) {
+	t.Parallel()
+	migrationDownRestores(t, 29)
+}

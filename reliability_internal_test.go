@@ -32,8 +32,8 @@ func TestReclaimStopsTheOldLeasesHandler(t *testing.T) {
 
 	second := ls.Add([]*store.Claimed{{ID: id, Token: uuid.New(), Type: "t"}}, time.Now())[0]
 	require.ErrorIs(t, context.Cause(ctx), ErrLeaseLost)
-	require.True(t, ls.end(first).lost)
-	require.False(t, ls.end(second).lost)
+	require.True(t, ls.end(first, nil).lost)
+	require.False(t, ls.end(second, nil).lost)
 	// The old attempt's settlement leaves the new lease registered.
 	ls.remove(first)
 	require.Same(t, second, ls.held[id])

@@ -109,7 +109,7 @@ func (in *testRun) Work(ctx context.Context, id uuid.UUID) (testbridge.Run, erro
 	if err := q.store.LockOthers(ctx, tx, r.Type, id); err != nil {
 		return testbridge.Run{}, classify(err)
 	}
-	res, err := in.cl.Claim(ctx, spec.types, spec.tagsJ, 1, 1, false)
+	res, err := in.cl.Claim(ctx, spec.types, spec.tagsJ, 1, 1, false, 0)
 	_ = tx.Rollback(context.WithoutCancel(ctx))
 	if err != nil {
 		return testbridge.Run{}, classify(err)
@@ -148,7 +148,7 @@ func (in *testRun) Next(ctx context.Context, all bool) (testbridge.Run, bool, bo
 			break
 		}
 	}
-	res, err := in.cl.Claim(ctx, spec.types, spec.tagsJ, 1, 1, false)
+	res, err := in.cl.Claim(ctx, spec.types, spec.tagsJ, 1, 1, false, 0)
 	if err != nil {
 		return testbridge.Run{}, false, false, classify(err)
 	}

@@ -49,7 +49,7 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 	hard, hardStop := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer hardStop(nil)
 
-	w.hard = hard
+	w.hard, w.claiming = hard, claimCtx
 	q.procs.Join(w)
 	defer q.procs.Leave(w) // after every outcome is written, before Close may go on
 	q.acq.flowBaseline(ctx)
@@ -66,7 +66,9 @@ func (q *Queue) Work(ctx context.Context, h Handler, opts ...WorkOption) error {
 				if err != nil {
 					return
 				}
-				w.run(job)
+				for job != nil { // a standby job runs in its predecessor's slot
+					job, _, _, _ = w.runHanding(job, true)
+				}
 			}
 		})
 	}
@@ -198,8 +200,9 @@ type workCall struct {
 	cfg      workConfig
 	spec     *domainSpec
 	hard     context.Context
-	finishes sync.WaitGroup // outcomes submitted but not yet written
-	running  atomic.Int32   // handlers running (for Processes)
+	claiming context.Context // Work's: done once Work stops taking jobs (no more hand-overs to standby jobs)
+	finishes sync.WaitGroup  // outcomes submitted but not yet written
+	running  atomic.Int32    // handlers running (for Processes)
 	// written, when set (the test runs of package backlogtest), hears
 	// whether each outcome was written.
 	written func(c *claimed, ok bool)
@@ -241,27 +244,45 @@ func (w *workCall) jobOf(c *claimed) *Job {
 // with the Job the handler got (nil when it did not start) and the
 // handler's error.
 func (w *workCall) run(c *claimed) (*Job, store.Finish, error) {
-	job, f, err := w.attempt(c)
-	w.submit(c, f)
-	if c.Conc && job != nil {
+	_, job, f, err := w.runHanding(c, false)
+	return job, f, err
+}
+
+// runHanding is run; handOver: when c holds a slot of a concurrency limit
+// and its handler ran, the slot goes to a standby job of its type, if the
+// domain holds one (standby.go), which it returns for the worker to run
+// next.
+func (w *workCall) runHanding(c *claimed, handOver bool) (*claimed, *Job, store.Finish, error) {
+	next, hold, job, f, err := w.attempt(c, handOver)
+	if hold == 0 {
+		w.submit(c, f)
+	} else {
+		// The slot went to next: this job's row stands for it until the
+		// claims that read next's token as standby have ended.
+		w.finishes.Add(1)
+		w.q.leases.afterReaders(hold, func() { w.send(c, f) })
+	}
+	if c.Conc && job != nil && next == nil {
 		// Its slot is free for this process's next claim (leases.end
 		// recorded the end), before the outcome is written.
 		w.q.acq.slotEnded(c.Type)
 	}
-	return job, f, err
+	return next, job, f, err
 }
 
 // attempt runs the handler on c under its lease and returns the outcome
 // to write, with the Job the handler got (nil when it did not start) and
-// the handler's error.
-func (w *workCall) attempt(c *claimed) (*Job, store.Finish, error) {
+// the handler's error. handOver: see runHanding; next is the standby job
+// handed c's slot, and hold, when not 0, what its outcome's write waits
+// for (leases.end).
+func (w *workCall) attempt(c *claimed, handOver bool) (next *claimed, hold uint64, job *Job, f store.Finish, err error) {
 	ls := w.q.leases
 	ctx, cancel := context.WithCancelCause(w.hard)
 	defer cancel(nil)
 	if err := ls.begin(c.Lease, cancel); err != nil {
-		return nil, w.notStarted(c, err), nil
+		return nil, 0, nil, w.notStarted(c, err), nil
 	}
-	job := w.jobOf(c)
+	job = w.jobOf(c)
 	if job.Timeout > 0 {
 		var stop context.CancelFunc
 		ctx, stop = context.WithTimeoutCause(ctx, job.Timeout, ErrJobTimeout)
@@ -275,7 +296,7 @@ func (w *workCall) attempt(c *claimed) (*Job, store.Finish, error) {
 	}
 	began := time.Now()
 	w.running.Add(1)
-	err := callHandler(ctx, w.h, job)
+	err = callHandler(ctx, w.h, job)
 	w.running.Add(-1)
 	ran := time.Since(began)
 	cause := context.Cause(ctx)
@@ -284,8 +305,21 @@ func (w *workCall) attempt(c *claimed) (*Job, store.Finish, error) {
 	// outcome is written: the write is fenced by the lease token, so it
 	// lands only if the database still holds the job under this attempt,
 	// which spares a needless re-run.
-	end := ls.end(c.Lease)
-	f := w.outcome(c, job, err, cause, end.fail)
+	var nextLease *heldLease
+	if handOver && c.Conc && w.claiming.Err() == nil {
+		if next = w.q.acq.takeStandby(w.spec, c.Type); next != nil {
+			nextLease = next.Lease
+		}
+	}
+	end := ls.end(c.Lease, nextLease)
+	if next != nil && !end.handed {
+		w.q.acq.returnStandby(w.spec, next, end.nextLost)
+		next = nil
+	}
+	if next != nil {
+		w.q.acq.handOvers.Add(1)
+	}
+	f = w.outcome(c, job, err, cause, end.fail)
 	f.Progress = end.progress // written with the outcome
 	if hooks.Finished != nil {
 		o := outcomeOf(f, err)
@@ -294,7 +328,7 @@ func (w *workCall) attempt(c *claimed) (*Job, store.Finish, error) {
 		}
 		hooks.Finished(ctx, job, JobEvent{Outcome: o, Duration: ran, QueueLatency: c.Waited, Err: err})
 	}
-	return job, f, err
+	return next, end.holdUntil, job, f, err
 }
 
 // notStarted is the outcome of a job whose handler must not start, for
@@ -335,6 +369,12 @@ func outcomeOf(f store.Finish, err error) Outcome {
 
 func (w *workCall) submit(c *claimed, f store.Finish) {
 	w.finishes.Add(1)
+	w.send(c, f)
+}
+
+// send hands c's outcome f to the completer; the caller has counted it in
+// w.finishes.
+func (w *workCall) send(c *claimed, f store.Finish) {
 	done := w.settled
 	if w.written != nil { // test runs only: Work's path stays as it was
 		done = func(ok bool) {

@@ -46,8 +46,10 @@ type Leases[L complete.Lease] interface {
 	Add(jobs []*store.Claimed, sentAt time.Time) []L
 	// Ended returns the lease tokens of jobs of the types that hold a
 	// slot of a concurrency limit (store.Claimed.Conc), whose handlers
-	// have ended and whose outcomes are not written yet (nil: none).
-	Ended(types []string) [][16]byte
+	// have ended and whose outcomes are not written yet, and of its
+	// standby jobs (store.Claimed.Standby) not yet run (nil: none). The
+	// claim that reads them calls done once its statement has ended.
+	Ended(types []string) (tokens [][16]byte, done func())
 }
 
 // Result is what one claim took.
@@ -89,8 +91,9 @@ func New[L complete.Lease](st *store.Store, leases Leases[L], comp *complete.Com
 // saturated says that the domain's last claim found a concurrency limit
 // binding (Result.Saturated): the claim then does not count the jobs whose
 // handlers have ended against the limit (Leases.Ended); their outcomes'
-// write would otherwise hold those slots.
-func (c *Claimer[L]) Claim(ctx context.Context, types []string, tags json.RawMessage, k, now int, saturated bool) (Result[L], error) {
+// write would otherwise hold those slots. standby (with saturated) asks
+// for up to that many standby jobs beyond the k (store.ClaimEach).
+func (c *Claimer[L]) Claim(ctx context.Context, types []string, tags json.RawMessage, k, now int, saturated bool, standby int) (Result[L], error) {
 	if err := c.comp.Admit(ctx); err != nil {
 		return Result[L]{}, err
 	}
@@ -103,9 +106,13 @@ func (c *Claimer[L]) Claim(ctx context.Context, types []string, tags json.RawMes
 	var claimed []*store.Claimed
 	var ended [][16]byte
 	if saturated {
-		ended = c.leases.Ended(types)
+		var done func()
+		ended, done = c.leases.Ended(types)
+		defer done()
+	} else {
+		standby = 0
 	}
-	res, err := c.store.ClaimEach(ctx, types, tags, k, now, c.lease, c.worker, ended, func(r *store.Claimed) {
+	res, err := c.store.ClaimEach(ctx, types, tags, k, now, c.lease, c.worker, ended, standby, func(r *store.Claimed) {
 		if jobs == nil {
 			jobs, claimed = make([]*Job[L], 0, k), make([]*store.Claimed, 0, k)
 		}

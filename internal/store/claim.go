@@ -33,6 +33,11 @@ type Claimed struct {
 	// not only a key limit): once the job's handler has ended, its
 	// process's claims may leave it out of the count (Claim's ended).
 	Conc bool
+	// Standby: the job was taken beyond its concurrency limit and holds
+	// no slot (ClaimEach's standby): it may run only in the slot of an
+	// ended handler of its type in the same process, and until then its
+	// process passes its token with its ended jobs'.
+	Standby bool
 	// Meta is the job's metadata (nil when it has none).
 	Meta map[string]string
 	// Prereqs are the job's prerequisites that completed before it could
@@ -90,7 +95,7 @@ const (
 // snapshot and fail with a serialization error.
 func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string, ended [][16]byte) (ClaimResult, error) {
 	jobs := make([]Claimed, 0, k)
-	res, err := s.ClaimEach(ctx, types, workerTags, k, now, lease, worker, ended, func(c *Claimed) { jobs = append(jobs, *c) })
+	res, err := s.ClaimEach(ctx, types, workerTags, k, now, lease, worker, ended, 0, func(c *Claimed) { jobs = append(jobs, *c) })
 	if err != nil {
 		return ClaimResult{}, err
 	}
@@ -104,8 +109,15 @@ func (s *Store) Claim(ctx context.Context, types []string, workerTags json.RawMe
 // valid only during the call. On an error the caller drops what add was
 // handed: the claim may have committed (an error reading its rows) or
 // not, and jobs it took are handed out again once their leases expire.
-func (s *Store) ClaimEach(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string, ended [][16]byte, add func(c *Claimed)) (ClaimResult, error) {
-	args := []any{Mode, types, workerTags, k, now, lease.Milliseconds(), worker, uuidArray(ended)}
+//
+// standby asks for up to that many standby jobs beyond the k (migration
+// 0029), taken only of a type whose concurrency limit this claim leaves
+// without a free slot (and which has no key limit, rate or keyed jobs);
+// they come last, marked Claimed.Standby. Pass it only after a claim that
+// came back Saturated, with the tokens of the caller's standby jobs in
+// ended.
+func (s *Store) ClaimEach(ctx context.Context, types []string, workerTags json.RawMessage, k, now int, lease time.Duration, worker string, ended [][16]byte, standby int, add func(c *Claimed)) (ClaimResult, error) {
+	args := []any{Mode, types, workerTags, k, now, lease.Milliseconds(), worker, uuidArray(ended), standby}
 	strict, err := s.strictSessions(ctx)
 	if err != nil {
 		return ClaimResult{}, err
@@ -201,8 +213,8 @@ func readClaim(rows pgx.Rows, add func(c *Claimed)) (ClaimResult, error) {
 
 // claimColumns is how many columns the claim function returns: column
 // 16 is the metadata (migration 0011), 17 the prerequisites (0012), 18
-// conc and 19 saturated (0028).
-const claimColumns = 20
+// conc and 19 saturated (0028), 20 standby (0029).
+const claimColumns = 21
 
 // pgEpoch is PostgreSQL's timestamp epoch, in Unix microseconds.
 const pgEpoch = 946684800 * 1_000_000
@@ -233,6 +245,7 @@ func decodeClaimed(v [][]byte, jsonText *[claimColumns]bool, c *Claimed, res *Cl
 	}
 	c.Slot = len(v[15]) == 1 && v[15][0] != 0
 	c.Conc = len(v[18]) == 1 && v[18][0] != 0
+	c.Standby = len(v[20]) == 1 && v[20][0] != 0
 	fixed := []struct {
 		i, n int
 	}{{0, 16}, {4, 4}, {5, 4}, {6, 2}, {7, 8}, {8, 16}, {9, 8}, {10, 8}, {11, 8}}
@@ -338,9 +351,10 @@ func scanClaimed(rows pgx.Rows, c *Claimed, res *ClaimResult) (bool, error) {
 		meta            []byte
 		prereqs         [][16]byte
 		conc, saturated *bool
+		standby         *bool
 	)
 	if err := rows.Scan(&id, &typ, &args, &tags, &attempt, &maxAtt, &prio, &timeoutMS, &token, &created, &runAt,
-		&waitedUS, &nextMS, &skipped, &limited, &slot, &meta, &prereqs, &conc, &saturated); err != nil {
+		&waitedUS, &nextMS, &skipped, &limited, &slot, &meta, &prereqs, &conc, &saturated, &standby); err != nil {
 		return false, err
 	}
 	if skipped != nil {
@@ -361,7 +375,7 @@ func scanClaimed(rows pgx.Rows, c *Claimed, res *ClaimResult) (bool, error) {
 	*c = Claimed{ID: *id, Type: *typ, Args: args, Attempt: int(*attempt), MaxAttempts: int(*maxAtt),
 		Priority: int(*prio), Timeout: time.Duration(*timeoutMS) * time.Millisecond, Token: *token,
 		CreatedAt: *created, RunAt: *runAt, Waited: time.Duration(*waitedUS) * time.Microsecond, rawTags: tags,
-		Slot: slot != nil && *slot, Conc: conc != nil && *conc, rawMeta: meta}
+		Slot: slot != nil && *slot, Conc: conc != nil && *conc, Standby: standby != nil && *standby, rawMeta: meta}
 	if prereqs != nil {
 		c.Prereqs = make([]uuid.UUID, len(prereqs))
 		for i, p := range prereqs {

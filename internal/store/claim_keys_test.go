@@ -19,7 +19,7 @@ func keyedClaim(t *testing.T, s *Store, typ string, k, now int) (names []string,
 	ctx := context.Background()
 	fn := strings.TrimPrefix(s.sql.claim, "SELECT * FROM ")
 	rows, err := s.pool.Query(ctx, `SELECT c.args ->> 'n', c.limited FROM `+fn+` WITH ORDINALITY AS c ORDER BY c.ordinality`,
-		Mode, []string{typ}, `{}`, k, now, 30000, "w", nil)
+		Mode, []string{typ}, `{}`, k, now, 30000, "w", nil, 0)
 	require.NoError(t, err)
 	defer rows.Close()
 	for rows.Next() {
@@ -152,7 +152,7 @@ func TestKeyedClaimReadsFewIndexEntries(t *testing.T) {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, tx.Rollback(ctx)) }()
-		rows, err := tx.Query(ctx, s.sql.claim, Mode, []string{"k"}, `{}`, 10, 10, 30000, "w", nil)
+		rows, err := tx.Query(ctx, s.sql.claim, Mode, []string{"k"}, `{}`, 10, 10, 30000, "w", nil, 0)
 		require.NoError(t, err)
 		for rows.Next() {
 			n++

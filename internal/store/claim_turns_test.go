@@ -32,7 +32,7 @@ func TestClaimsOfATypeTakeTurns(t *testing.T) {
 	defer tx.Rollback(ctx) //nolint:errcheck
 	var first int
 	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM (`+s.sql.claim+`) c WHERE c.id IS NOT NULL`,
-		Mode, []string{"a"}, `{}`, 10, 10, 60000, "first", nil).Scan(&first))
+		Mode, []string{"a"}, `{}`, 10, 10, 60000, "first", nil, 0).Scan(&first))
 	require.Equal(t, 10, first)
 
 	// Another type's claim does not wait for it.

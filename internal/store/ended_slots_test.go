@@ -111,3 +111,83 @@ func TestKeyLimitsCountEndedJobs(t *testing.T) {
 	require.Equal(t, LimitedWait, res.Limited)
 	require.False(t, res.Saturated, "held back by key limits only")
 }
+
+// TestClaimTakesStandbyJobs: a claim may take standby jobs beyond a
+// concurrency limit (version 29) only once it leaves no slot free: they
+// come last, marked Standby, add nothing to the running bound, and a
+// claim that passes their tokens does not count them; one that does not
+// pass them counts them as running (other processes: fewer slots, never
+// more). A limit exceeded (lowered), a key limit, a rate or keyed jobs
+// give none.
+func TestClaimTakesStandbyJobs(t *testing.T) {
+	ctx := context.Background()
+	s, pool, schema := newTestStore(t)
+	for _, l := range []LimitRow{{Type: "lim", Concurrency: 2}, {Type: "keys", Concurrency: 2, KeyConcurrency: 1},
+		{Type: "rate", Concurrency: 1, Rate: 100, Per: time.Second, Burst: 100}, {Type: "keyed", Concurrency: 1}} {
+		_, err := s.SetLimit(ctx, l)
+		require.NoError(t, err)
+	}
+	_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".jobs (id, type, args, run_at)
+		SELECT gen_random_uuid(), t, '{}', now() - g * interval '1 second' FROM generate_series(1, 10) g, unnest(ARRAY['lim', 'keys', 'rate']) t`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".jobs (id, type, args, concurrency_key)
+		SELECT gen_random_uuid(), 'keyed', '{}', 'k' || g FROM generate_series(1, 4) g`)
+	require.NoError(t, err)
+	claim := func(typ string, k, standby int, ended ...[16]byte) ClaimResult {
+		t.Helper()
+		var res ClaimResult
+		r, err := s.ClaimEach(ctx, []string{typ}, []byte(`{}`), k, k, time.Minute, "w", ended, standby, func(c *Claimed) {
+			res.Jobs = append(res.Jobs, *c)
+		})
+		require.NoError(t, err)
+		r.Jobs = res.Jobs
+		return r
+	}
+	tokens := func(js []Claimed) (out [][16]byte) {
+		for _, j := range js {
+			out = append(out, j.Token)
+		}
+		return out
+	}
+	bound := func() (n int) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT running_bound FROM "`+schema+`".job_limits WHERE type = 'lim'`).Scan(&n))
+		return n
+	}
+
+	first := claim("lim", 1, 3)
+	require.Len(t, first.Jobs, 1, "a slot is left after this claim: no standby")
+	require.False(t, first.Jobs[0].Standby)
+	second := claim("lim", 3, 3)
+	require.Len(t, second.Jobs, 4, "the last slot, then 3 standby")
+	require.False(t, second.Jobs[0].Standby, "the slot's job comes first")
+	for _, j := range second.Jobs[1:] {
+		require.True(t, j.Standby && j.Conc && j.Slot)
+	}
+	require.True(t, second.Saturated)
+	require.Equal(t, 2, bound(), "standby jobs add nothing to the running bound")
+	sb := tokens(second.Jobs[1:])
+	require.Empty(t, claim("lim", 2, 0, sb...).Jobs, "both slots held by handlers")
+	more := claim("lim", 2, 2, sb...)
+	require.Len(t, more.Jobs, 2, "standby again, the older ones passed")
+	for _, j := range more.Jobs {
+		require.True(t, j.Standby)
+	}
+	sb = append(sb, tokens(more.Jobs)...)
+	ended := tokens(first.Jobs)
+	got := claim("lim", 1, 0, append(ended, sb...)...)
+	require.Len(t, got.Jobs, 1, "an ended handler's slot")
+	require.False(t, got.Jobs[0].Standby)
+	require.Empty(t, claim("lim", 1, 2).Jobs, "without the tokens the standby rows count: the limit is exceeded, no standby either")
+
+	for _, typ := range []string{"keys", "rate", "keyed"} {
+		res := claim(typ, 2, 3)
+		for _, j := range res.Jobs {
+			require.False(t, j.Standby, typ)
+		}
+		res = claim(typ, 2, 3, tokens(res.Jobs)...)
+		for _, j := range res.Jobs {
+			require.False(t, j.Standby, typ)
+		}
+	}
+}

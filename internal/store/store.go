@@ -219,8 +219,10 @@ func (s *Store) buildCore() {
 	// whether due jobs exist that it skipped because another transaction
 	// held them locked. The function keeps its plans for the session.
 	// claim_jobs (migrations 0011 and 0012) is that claim returning each
-	// job's metadata and prerequisites too.
-	s.sql.claim = `SELECT * FROM ` + pgx.Identifier{s.schema, "claim_jobs"}.Sanitize() + `($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text, $7::uuid[])`
+	// job's metadata and prerequisites too; since 0028 it is passed the
+	// caller's ended jobs ($7), since 0029 how many standby jobs it may
+	// take ($8).
+	s.sql.claim = `SELECT * FROM ` + pgx.Identifier{s.schema, "claim_jobs"}.Sanitize() + `($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text, $7::uuid[], $8::integer)`
 
 	// A job is in jobs while live and in job_history once finished (the
 	// move is one transaction, so one snapshot sees it in exactly one).

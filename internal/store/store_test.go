@@ -139,7 +139,7 @@ func TestClaimPlanStaysOnTheIndexes(t *testing.T) {
 	_, err = pool.Exec(ctx, `ANALYZE "`+schema+`".jobs`)
 	require.NoError(t, err)
 	claim := func(types []string, k int) {
-		rows, err := conn.Query(ctx, s.sql.claim, Mode, types, `{}`, k, k, 30000, "w", nil)
+		rows, err := conn.Query(ctx, s.sql.claim, Mode, types, `{}`, k, k, 30000, "w", nil, 0)
 		require.NoError(t, err)
 		rows.Close()
 		require.NoError(t, rows.Err())
@@ -156,7 +156,7 @@ func TestClaimPlanStaysOnTheIndexes(t *testing.T) {
 	for _, types := range [][]string{{"a"}, {"a", "b"}} {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
-		rows, err := tx.Query(ctx, s.sql.claim, Mode, types, `{}`, 3, 3, 30000, "w", nil)
+		rows, err := tx.Query(ctx, s.sql.claim, Mode, types, `{}`, 3, 3, 30000, "w", nil, 0)
 		require.NoError(t, err)
 		n := 0
 		for rows.Next() {
@@ -222,7 +222,7 @@ func TestScheduledJobsStayOutOfTheClaimPath(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (id, type, args, run_at) VALUES (gen_random_uuid(), 'a', '{}', now() + interval '1 hour')`)
 	require.NoError(t, err)
 	for _, types := range [][]string{{"a"}, {"a", "b"}} {
-		b := blocks(s.sql.claim, types, `{}`, 100, 100, 30000, "w", nil)
+		b := blocks(s.sql.claim, types, `{}`, 100, 100, 30000, "w", nil, 0)
 		require.Less(t, b, 200, "a short claim of %v read the scheduled jobs (%d buffers)", types, b)
 	}
 	b := blocks(s.hist.promote, 1000)
@@ -437,7 +437,7 @@ func TestClaimReturnsJobsInTheOrderItChoseThem(t *testing.T) {
 		fn := strings.TrimPrefix(s.sql.claim, "SELECT * FROM ")
 		rows, err := pool.Query(ctx, `SELECT c.priority, j.concurrency_key FROM `+fn+` WITH ORDINALITY AS c
 			JOIN `+jobs+` j ON j.id = c.id ORDER BY c.ordinality`,
-			Mode, []string{typ}, `{}`, k, k, 30000, "w", nil)
+			Mode, []string{typ}, `{}`, k, k, 30000, "w", nil, 0)
 		require.NoError(t, err)
 		defer rows.Close()
 		for rows.Next() {
@@ -470,11 +470,11 @@ func TestClaimOfARepeatedTypeTakesEachJobOnce(t *testing.T) {
 	s, pool, schema := newTestStore(t)
 	_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".jobs (id, type, args) SELECT gen_random_uuid(), 'a', '{}' FROM generate_series(1, 3)`)
 	require.NoError(t, err)
-	rows, err := pool.Query(ctx, s.sql.claim, Mode, []string{"a", "a", "a"}, `{}`, 10, 10, 30000, "w", nil)
+	rows, err := pool.Query(ctx, s.sql.claim, Mode, []string{"a", "a", "a"}, `{}`, 10, 10, 30000, "w", nil, 0)
 	require.NoError(t, err)
 	ids, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (uuid.UUID, error) {
 		var id uuid.UUID
-		err := r.Scan(&id, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil)
+		err := r.Scan(&id, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil)
 		return id, err
 	})
 	require.NoError(t, err)
