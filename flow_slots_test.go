@@ -181,24 +181,31 @@ func TestMigration29RollingUpgrade(t *testing.T) {
 	require.NoError(t, err)
 	fn := pgx.Identifier{e.schema, "claim_jobs"}.Sanitize()
 
-	// Version 29: the last slot, and two standby jobs beyond it.
-	rows, err := e.pool.Query(ctx, `SELECT lease_token, standby FROM `+fn+`($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text, $7::uuid[], $8::integer)
-		WHERE id IS NOT NULL`, []string{"v28"}, `{}`, 1, 1, 60000, "new", nil, 2)
-	require.NoError(t, err)
+	// Version 29: the slot, then, holding it, two standby jobs beyond it.
 	type took struct {
 		Token   [16]byte
 		Standby bool
 	}
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[took])
-	require.NoError(t, err)
-	require.Len(t, got, 3)
-	require.False(t, got[0].Standby, "the slot's job first")
+	claim29 := func(k, standby int) []took {
+		t.Helper()
+		rows, err := e.pool.Query(ctx, `SELECT lease_token, standby FROM `+fn+`($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text, $7::uuid[], $8::integer)
+			WHERE id IS NOT NULL`, []string{"v28"}, `{}`, k, k, 60000, "new", nil, standby)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[took])
+		require.NoError(t, err)
+		return got
+	}
+	got := claim29(1, 0)
+	require.Len(t, got, 1)
+	require.False(t, got[0].Standby)
+	got = append(got, claim29(1, 2)...)
+	require.Len(t, got, 3, "no slot left: two standby jobs")
 	require.True(t, got[1].Standby && got[2].Standby)
 
 	// Version 28, as it was: its handler of the slot ended, it counts the
 	// standby rows.
 	var cols, n int
-	rows, err = e.pool.Query(ctx, `SELECT * FROM `+fn+`($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text, $7::uuid[])`,
+	rows, err := e.pool.Query(ctx, `SELECT * FROM `+fn+`($1::text[], $2::jsonb, $3::integer, $4::integer, $5::bigint, $6::text, $7::uuid[])`,
 		[]string{"v28"}, `{}`, 3, 3, 60000, "old", [][16]byte{got[0].Token})
 	require.NoError(t, err)
 	for rows.Next() {

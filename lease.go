@@ -160,7 +160,8 @@ func (l *leases) begin(le *heldLease, cancel context.CancelCauseFunc) error {
 //
 // next, when set, is a standby job of the same type to run in the ended
 // job's slot (a hand-over). It is handed the slot unless the ended job's
-// lease is lost (its row may no longer stand for the slot): then
+// lease is lost or past its local deadline (its row may no longer stand
+// for the slot), or next's is lost or next must not run (e.nextGone): then
 // e.handed is false and next stays standby. Handed over, next is counted
 // by the process's claims from then on and the ended job is not, as for
 // any ended job; but for the claims in flight, which read next's token as
@@ -171,7 +172,8 @@ func (l *leases) end(le *heldLease, next *heldLease) (e attemptEnd) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
-	case next != nil && le.conc && !le.done && !le.lost && next.standby && !next.lost:
+	case next != nil && le.conc && !le.done && !le.lost && !time.Now().After(le.deadline) &&
+		next.standby && !next.lost && next.stop == nil:
 		next.standby = false
 		l.dropEndedLocked(next)
 		l.addEndedLocked(le)
@@ -182,7 +184,7 @@ func (l *leases) end(le *heldLease, next *heldLease) (e attemptEnd) {
 	case le.conc && !le.done:
 		l.addEndedLocked(le)
 	}
-	e.nextLost = next != nil && next.lost
+	e.nextGone = next != nil && (next.lost || next.stop != nil)
 	le.done = true
 	e.fail, e.lost = le.failWith, le.lost
 	if le.progSeq != le.progSent {
@@ -197,7 +199,7 @@ type attemptEnd struct {
 	lost      bool            // the lease is presumed lost
 	progress  json.RawMessage // progress no renewal has written yet; nil otherwise
 	handed    bool            // the slot went to the standby job passed to end
-	nextLost  bool            // that standby job's lease is lost
+	nextGone  bool            // that standby job's lease is lost, or it must not run (held back, cancelled)
 	holdUntil uint64          // the outcome's write waits for the claims that read ended up to this one (0: none)
 }
 

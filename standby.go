@@ -30,14 +30,20 @@ import (
 // written (leases.afterReaders). The database gives standby jobs only to
 // a claim that leaves no slot free under a limit not exceeded, of a type
 // with neither a key limit nor a rate, whose jobs have no concurrency
-// keys.
+// keys, from a process that holds a slot of the type and no more than its
+// share of the slots (the limit over the live processes that work the
+// type): a process hands its slots to its own standby jobs, so beyond its
+// share they would stay with it while other processes wait. A hand-over
+// reads no limit: a limit lowered by another process binds them once the
+// process hears of it (drop: its NOTIFY, or within flowWatch), as it
+// binds a prefetch buffer.
 //
 // The standby jobs are few: about the slot ends of four claims' time, at
 // most half the domain's workers (and maxStandby), and none for handlers
 // that end seldom (standbySizer.target). They go back
-// when the limit stops binding, with the domain's buffer when its last
-// Work call leaves or the acquirer closes, and on a pause or a tightened
-// limit of their type (drop).
+// when the limit stops binding, when they waited a second (idleStandbyLocked),
+// with the domain's buffer when its last Work call leaves or the acquirer
+// closes, and on a pause or a tightened limit of their type (drop).
 
 // maxStandby bounds a domain's standby jobs.
 const maxStandby = 64
@@ -46,7 +52,6 @@ const maxStandby = 64
 // handler of a binding limit ends in it (a hand-over's chance) and how
 // long its claims take.
 type standbySizer struct {
-	taken    time.Time // the last hand-over, or standby jobs added
 	ends     int       // slot ends since at
 	at       time.Time // the start of the current sample's window
 	rate     float64   // slot ends per second, moving average
@@ -111,9 +116,6 @@ func (d *domain) standbyLowLocked() bool {
 // putStandbyLocked adds standby jobs claimed at now, and has the flow
 // epoch watched while the domain holds them.
 func (a *acquirer) putStandbyLocked(d *domain, jobs []*claimed, now time.Time) {
-	if len(jobs) > 0 {
-		d.sb.taken = now // a second for them to be taken from now
-	}
 	for _, j := range jobs {
 		d.standby = append(d.standby, j)
 		d.standbyAt = append(d.standbyAt, now)
@@ -158,9 +160,7 @@ func (a *acquirer) takeStandby(spec *domainSpec, typ string) *claimed {
 		return nil
 	}
 	j := d.standby[i]
-	now := time.Now()
-	d.sb.taken = now
-	j.Waited += now.Sub(d.standbyAt[i])
+	j.Waited += time.Since(d.standbyAt[i])
 	d.standby = slices.Delete(d.standby, i, i+1)
 	d.standbyAt = slices.Delete(d.standbyAt, i, i+1)
 	if d.standbyLowLocked() {
@@ -169,27 +169,37 @@ func (a *acquirer) takeStandby(spec *domainSpec, typ string) *claimed {
 	return j
 }
 
-// idleStandbyLocked takes the domain's standby jobs out of it, and drops
-// the rate they were sized by, when none was taken for a flowWatch (nor
-// were any added): the process may hold no slot of their type to hand
-// them (the limit's slots held by other processes when they were
-// claimed), or its handlers now end seldom. The caller gives them back.
+// idleStandbyLocked takes the domain's standby jobs that have waited for a
+// flowWatch or longer out of it, and drops the rate they were sized by:
+// the process holds no slot of their type to hand them any more (a Work
+// call of several types may be busy with the others), or its handlers now
+// end seldom. The caller gives them back.
 func (d *domain) idleStandbyLocked(now time.Time) []*claimed {
-	if len(d.standby) == 0 || now.Sub(d.sb.taken) < flowWatch {
-		return nil
+	var out []*claimed
+	keep, keepAt := d.standby[:0], d.standbyAt[:0]
+	for i, j := range d.standby {
+		if now.Sub(d.standbyAt[i]) >= flowWatch {
+			out = append(out, j)
+			continue
+		}
+		keep, keepAt = append(keep, j), append(keepAt, d.standbyAt[i])
 	}
-	d.sb.rate = 0
-	return d.dropStandbyLocked(nil)
+	clear(d.standby[len(keep):])
+	d.standby, d.standbyAt = keep, keepAt
+	if len(out) > 0 {
+		d.sb.rate = 0
+	}
+	return out
 }
 
 // returnStandby puts back a standby job takeStandby returned that was
-// not handed the slot (the ended job's lease was lost): first in line
-// again, or given back when its domain is gone or its own lease is lost
-// (lost).
-func (a *acquirer) returnStandby(spec *domainSpec, j *claimed, lost bool) {
+// not handed the slot (leases.end): first in line again, or given back
+// when its domain is gone or it cannot run (gone: its lease is lost, or it
+// was held back or cancelled).
+func (a *acquirer) returnStandby(spec *domainSpec, j *claimed, gone bool) {
 	a.mu.Lock()
 	d := a.domains[spec.key]
-	if d != nil && !a.closed && !lost {
+	if d != nil && !a.closed && !gone {
 		d.standby = slices.Insert(d.standby, 0, j)
 		d.standbyAt = slices.Insert(d.standbyAt, 0, time.Now())
 		a.mu.Unlock()

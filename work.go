@@ -313,7 +313,7 @@ func (w *workCall) attempt(c *claimed, handOver bool) (next *claimed, hold uint6
 	}
 	end := ls.end(c.Lease, nextLease)
 	if next != nil && !end.handed {
-		w.q.acq.returnStandby(w.spec, next, end.nextLost)
+		w.q.acq.returnStandby(w.spec, next, end.nextGone)
 		next = nil
 	}
 	if next != nil {

@@ -10,8 +10,12 @@
 -- Now a claim of a process whose limit binds may also take up to
 -- p_standby jobs beyond the limit, as standby, when its type has a
 -- concurrency limit and neither a key limit nor a rate, its jobs have no
--- concurrency keys, the limit is not exceeded (a lowered one) and no slot
--- is left after the claim's own. A standby job holds no slot and runs no
+-- concurrency keys, the limit is not exceeded (a lowered one), no slot is
+-- left after the claim's own, and the process holds a slot of the type
+-- and no more than its share of the slots (the limit over the live processes whose Work calls
+-- take the type, from the processes table): a process hands its slots to
+-- its own standby jobs, so beyond its share they would stay with it while
+-- other processes wait. A standby job holds no slot and runs no
 -- handler: its row is running under the process's lease like any claimed
 -- job, and its process passes its token with the ended jobs' (p_ended), so
 -- that its own claims leave it out of the count. It runs only in the slot
@@ -31,7 +35,7 @@
 -- p_standby; those of version 28 stay as they were.
 --
 -- Lock order: unchanged (internal/store/graph.go).
-CREATE FUNCTION claim_type(p_type text, p_tags jsonb, p_need integer, p_now integer, p_ended uuid[], p_standby integer,
+CREATE FUNCTION claim_type(p_type text, p_tags jsonb, p_need integer, p_now integer, p_ended uuid[], p_standby integer, p_worker text,
                            OUT ids uuid[], OUT slot boolean, OUT limited smallint, OUT wait_ms bigint,
                            OUT conc boolean, OUT saturated boolean, OUT standby integer)
 LANGUAGE plpgsql VOLATILE
@@ -76,6 +80,8 @@ DECLARE
     c_end_room integer;       -- the room it counted
     v_sparse   boolean;       -- a chunk's keys held fewer jobs than room: count each for one
     v_sb       integer := 0;  -- standby jobs it may take beyond the slots (version 29)
+    v_procs    integer;       -- live processes that work the type
+    v_mine     integer;       -- the caller's jobs that hold slots
 BEGIN
     ids := '{}';
     limited := 0;
@@ -115,9 +121,22 @@ BEGIN
             limited := 1;
         END IF;
         -- Standby jobs (version 29): only once this claim leaves no slot
-        -- free, and never beyond a limit already exceeded (lowered).
+        -- free, never beyond a limit already exceeded (lowered), and only
+        -- while the caller holds a slot of the type (a handler whose end
+        -- can hand it over) and no more than its share of the slots: the
+        -- limit over the live processes that work the type. (A process
+        -- hands its slots to its standby jobs: beyond its share, they would
+        -- stay with it while others wait.)
         IF p_standby > 0 AND v_n >= 0 AND v_n <= v_need AND l.key_concurrency IS NULL AND l.rate IS NULL THEN
-            v_sb := p_standby;
+            SELECT count(*) INTO v_procs FROM processes p
+            WHERE p.heartbeat_at >= now() - 3 * p.lease_ms * interval '1 millisecond'
+              AND p.works @> jsonb_build_array(jsonb_build_object('types', jsonb_build_array(p_type)));
+            SELECT count(*) INTO v_mine
+            FROM (SELECT 1 FROM jobs r WHERE r.state = 'running' AND r.type = p_type AND r.worker = p_worker
+                    AND NOT coalesce(r.lease_token = ANY(p_ended), false) LIMIT l.concurrency + 1) r;
+            IF v_mine > 0 AND v_mine + v_need <= ceil(l.concurrency::numeric / greatest(v_procs, 1)) THEN
+                v_sb := p_standby;
+            END IF;
         END IF;
     END IF;
     IF l.key_concurrency IS NOT NULL AND p_now < v_need THEN
@@ -344,7 +363,7 @@ BEGIN
     IF l.rate IS NOT NULL AND NOT v_perkey AND cardinality(ids) > 0 THEN
         PERFORM rate_charge(p_type, '', l.rate, l.rate_period_ms, cardinality(ids));
     END IF;
-    IF l.concurrency IS NOT NULL AND cardinality(ids) > standby THEN
+    IF l.concurrency IS NOT NULL THEN
         UPDATE job_limits SET running_bound = l.running_bound + cardinality(ids) - standby WHERE type = p_type;
     END IF;
 END
@@ -361,6 +380,10 @@ SET search_path FROM CURRENT
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
 SET synchronous_commit = on
+-- The share's read of processes is a sequential scan, which enable_seqscan
+-- prices out of every plan: its cost would cross jit_above_cost and have
+-- each claim compile it (150 ms here).
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -417,7 +440,7 @@ BEGIN
             EXIT WHEN v_took >= p_k AND cardinality(v_sb) >= p_standby;
             v_t := v_flow[(v_start + i) % cardinality(v_flow) + 1];
             SELECT * INTO r FROM claim_type(v_t, p_tags, p_k - v_took, greatest(p_now - v_took, 0),
-                                            p_ended, p_standby - cardinality(v_sb));
+                                            p_ended, p_standby - cardinality(v_sb), p_worker);
             v_ids := v_ids || r.ids;
             v_took := v_took + cardinality(r.ids) - r.standby;
             IF r.standby > 0 THEN

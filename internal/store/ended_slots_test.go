@@ -191,3 +191,61 @@ func TestClaimTakesStandbyJobs(t *testing.T) {
 		}
 	}
 }
+
+// TestStandbyOnlyWithinAProcessShare: standby jobs go only to a process
+// that holds a slot of the type (a handler whose end can hand it over) and
+// no more than its share of the slots, the limit over the live processes
+// whose Work calls take the type (a process hands its slots to its standby
+// jobs: beyond its share they would stay with it while others wait). A
+// dead process's row, or one of another type, does not count.
+func TestStandbyOnlyWithinAProcessShare(t *testing.T) {
+	ctx := context.Background()
+	s, pool, schema := newTestStore(t)
+	_, err := s.SetLimit(ctx, LimitRow{Type: "fair", Concurrency: 4})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".jobs (id, type, args, run_at)
+		SELECT gen_random_uuid(), 'fair', '{}', now() - g * interval '1 second' FROM generate_series(1, 20) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".processes (worker, instance, host, pid, started_at, heartbeat_at, lease_ms, works, running, leased)
+		VALUES ('a', 'i', 'h', 1, now(), now(), 30000, '[{"types": ["x", "fair"], "concurrency": 4}]', 0, 0),
+		       ('b', 'i', 'h', 2, now(), now(), 30000, '[{"types": ["fair"], "concurrency": 4}]', 0, 0),
+		       ('dead', 'i', 'h', 3, now(), now() - interval '10 minutes', 30000, '[{"types": ["fair"], "concurrency": 4}]', 0, 0),
+		       ('other', 'i', 'h', 4, now(), now(), 30000, '[{"types": ["x"], "concurrency": 4}]', 0, 0)`)
+	require.NoError(t, err)
+	standby := map[string][][16]byte{}
+	claim := func(worker string, k, sb int) (slots, took int) {
+		t.Helper()
+		_, err := s.ClaimEach(ctx, []string{"fair"}, []byte(`{}`), k, k, time.Minute, worker, standby[worker], sb, func(c *Claimed) {
+			if c.Standby {
+				took++
+				standby[worker] = append(standby[worker], c.Token)
+			} else {
+				slots++
+			}
+		})
+		require.NoError(t, err)
+		return slots, took
+	}
+	slots, took := claim("a", 3, 3)
+	require.Equal(t, 3, slots)
+	require.Zero(t, took, "a slot is left")
+	slots, took = claim("b", 2, 3)
+	require.Equal(t, 1, slots)
+	require.Zero(t, took, "b held no slot before this claim: none to hand over")
+	slots, took = claim("a", 1, 3)
+	require.Zero(t, slots)
+	require.Zero(t, took, "a holds 3 slots, beyond its share of 2 (b works the type too)")
+	slots, took = claim("b", 1, 3)
+	require.Zero(t, slots)
+	require.Equal(t, 3, took, "b holds 1 of its share of 2")
+
+	// b stops, giving its jobs back: a is alone (the dead process and the
+	// other type's do not count), and the whole limit is its share.
+	_, err = pool.Exec(ctx, `DELETE FROM "`+schema+`".processes WHERE worker = 'b'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE "`+schema+`".jobs SET state = 'available', lease_token = NULL, worker = NULL WHERE worker = 'b'`)
+	require.NoError(t, err)
+	slots, took = claim("a", 1, 2)
+	require.Equal(t, 1, slots)
+	require.Equal(t, 2, took)
+}
