@@ -23,11 +23,11 @@ import (
 // passed with the ended jobs' (leases.Ended), so the process's own claims
 // leave it out of the count until it is handed a slot; other processes
 // count it as running (fewer slots for them, never more). A hand-over
-// takes the standby job out of those tokens and leaves the ended job's
-// token out of them too, so the ended job's row, still running, stands for
-// the slot until the standby job's row is counted by every claim in flight
-// that read its token as standby: only then is the ended job's outcome
-// written (leases.afterReaders). The database gives standby jobs only to
+// takes the standby job out of those tokens and puts the ended job's in,
+// as for any ended job. A claim in flight read the tokens before: for it
+// the ended job's row, still running, stands for the slot, so the ended
+// job's outcome is written only once every such claim has ended
+// (leases.afterReaders). The database gives standby jobs only to
 // a claim that leaves no slot free under a limit not exceeded, of a type
 // with neither a key limit nor a rate, whose jobs have no concurrency
 // keys, from a process that holds a slot of the type and no more than its
@@ -40,9 +40,9 @@ import (
 //
 // The standby jobs are few: about the slot ends of four claims' time, at
 // most half the domain's workers (and maxStandby), and none for handlers
-// that end seldom (standbySizer.target). They go back
-// when the limit stops binding, when they waited a second (idleStandbyLocked),
-// with the domain's buffer when its last Work call leaves or the acquirer
+// that end seldom (standbySizer.target). They go back when the limit
+// stops binding, when one has waited a second (idleStandbyLocked), with
+// the domain's buffer when its last Work call leaves or the acquirer
 // closes, and on a pause or a tightened limit of their type (drop).
 
 // maxStandby bounds a domain's standby jobs.
