@@ -146,8 +146,15 @@ func (d *domain) dropStandbyLocked(types []string) []*claimed {
 // job of type typ holding a slot of a concurrency limit has ended: it
 // returns the domain's oldest standby job of typ, to run in that slot
 // (leases.end hands it the slot), or nil. The time the job spent standing
-// by counts as queue latency.
+// by counts as queue latency. Standby jobs are claimed only for domains
+// whose limit binds (and given back when it stops binding), and their
+// sizing counts the ends only then: without such a domain it returns at
+// once, without a.mu, as slotEnded does (the end of every job of a limited
+// type calls it).
 func (a *acquirer) takeStandby(spec *domainSpec, typ string) *claimed {
+	if a.saturated.Load() == 0 {
+		return nil
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	d := a.domains[spec.key]
